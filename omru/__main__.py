@@ -1,0 +1,5 @@
+import sys
+
+from omru.cli.main import main
+
+sys.exit(main())
