@@ -1,0 +1,181 @@
+"""The planner's data model: frozen dataclasses, no I/O.
+
+A job runs `epochs` epochs; its profile gives seconds per epoch by GPU count.
+The cluster is `nodes` x `gpus_per_node` identical GPUs; GPU id g lies on node
+g // gpus_per_node. A plan is a list of segments: job runs `epochs` whole
+epochs on exactly `gpus` during [start_s, end_s).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+
+class PlanningError(ValueError):
+    """Input the planner cannot work with; the message names the bad value."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training job: `epochs` epochs, `profile[g]` seconds per epoch on g GPUs."""
+
+    id: str
+    epochs: int
+    profile: Mapping[int, float]
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise PlanningError("job id must not be empty")
+        if not isinstance(self.epochs, int) or self.epochs <= 0:
+            raise PlanningError(f"job {self.id!r}: epochs must be a positive integer, got {self.epochs!r}")
+        if not self.profile:
+            raise PlanningError(f"job {self.id!r}: profile is empty")
+        for g, t in self.profile.items():
+            if not isinstance(g, int) or g <= 0:
+                raise PlanningError(f"job {self.id!r}: GPU count must be a positive integer, got {g!r}")
+            if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+                raise PlanningError(f"job {self.id!r}: epoch time on {g} GPUs must be positive, got {t!r}")
+        object.__setattr__(self, "profile", MappingProxyType(dict(sorted(self.profile.items()))))
+
+    def epoch_seconds(self, gpus: int) -> float:
+        """Seconds per epoch on `gpus` GPUs."""
+        try:
+            return self.profile[gpus]
+        except KeyError:
+            raise PlanningError(
+                f"job {self.id!r} has no epoch time for {gpus} GPUs "
+                f"(profile covers {','.join(map(str, self.profile))})"
+            ) from None
+
+    def duration(self, gpus: int) -> float:
+        """D_j(g): seconds for all epochs on `gpus` GPUs."""
+        return self.epochs * self.epoch_seconds(gpus)
+
+    @property
+    def max_gpus(self) -> int:
+        return max(self.profile)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """`nodes` nodes of `gpus_per_node` GPUs each; GPU ids 0..total-1."""
+
+    nodes: int
+    gpus_per_node: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.nodes, int) or self.nodes <= 0:
+            raise PlanningError(f"nodes must be a positive integer, got {self.nodes!r}")
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node <= 0:
+            raise PlanningError(f"gpus_per_node must be a positive integer, got {self.gpus_per_node!r}")
+
+    @classmethod
+    def of(cls, gpus: int, gpus_per_node: int | None = None) -> "Cluster":
+        """A cluster of `gpus` GPUs, `gpus_per_node` per node (default: one node)."""
+        per = gpus if gpus_per_node is None else gpus_per_node
+        if not isinstance(gpus, int) or gpus <= 0:
+            raise PlanningError(f"gpus must be a positive integer, got {gpus!r}")
+        if not isinstance(per, int) or per <= 0:
+            raise PlanningError(f"gpus per node must be a positive integer, got {per!r}")
+        if gpus % per:
+            raise PlanningError(f"gpus ({gpus}) is not a multiple of gpus per node ({per})")
+        return cls(nodes=gpus // per, gpus_per_node=per)
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class PlanningInput:
+    """Everything a policy sees: the jobs, the cluster, and policy options."""
+
+    jobs: tuple[Job, ...]
+    cluster: Cluster
+    seed: int = 0
+    options: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "jobs", tuple(self.jobs))
+        if not self.jobs:
+            raise PlanningError("no jobs to plan")
+        seen: set[str] = set()
+        for job in self.jobs:
+            if job.id in seen:
+                raise PlanningError(f"duplicate job id {job.id!r}")
+            seen.add(job.id)
+        G = self.cluster.gpus
+        for job in self.jobs:
+            missing = [g for g in range(1, G + 1) if g not in job.profile]
+            if missing:
+                raise PlanningError(
+                    f"job {job.id!r} has no epoch time for {_counts(missing)} GPUs; the cluster has "
+                    f"{G} GPUs, so the profile must cover 1..{G} (it covers {_counts(list(job.profile))})"
+                )
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def job(self, job_id: str) -> Job:
+        for job in self.jobs:
+            if job.id == job_id:
+                return job
+        raise KeyError(job_id)
+
+
+def _counts(values: list[int]) -> str:
+    return ",".join(map(str, values))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Job `job` runs `epochs` epochs on exactly `gpus` during [start_s, end_s)."""
+
+    job: str
+    start_s: float
+    end_s: float
+    gpus: tuple[int, ...]
+    epochs: int
+
+    def to_dict(self) -> dict:
+        return {
+            "job": self.job,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "gpus": list(self.gpus),
+            "epochs": self.epochs,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A schedule: segments, plus what the policy reports about itself.
+
+    `reference_utilization` is the reference code's own formula (see
+    metrics.py) where the policy has one, else None.
+    """
+
+    policy: str
+    segments: tuple[Segment, ...]
+    reference_utilization: float | None = None
+
+    @property
+    def makespan_s(self) -> float:
+        return max((s.end_s for s in self.segments), default=0.0)
+
+    def busy_gpu_seconds(self, jobs: "PlanningInput") -> float:
+        """GPU-seconds spent computing: epochs * t_j(g) * g over segments."""
+        total = 0.0
+        for s in self.segments:
+            g = len(s.gpus)
+            total += s.epochs * jobs.job(s.job).epoch_seconds(g) * g
+        return total
+
+    def utilization(self, problem: "PlanningInput") -> float:
+        """Honest utilisation: busy GPU-seconds / (G * makespan)."""
+        T = self.makespan_s
+        return self.busy_gpu_seconds(problem) / (problem.cluster.gpus * T) if T > 0 else 0.0

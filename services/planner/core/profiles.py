@@ -1,0 +1,72 @@
+"""Profiles from CSV: `job,epochs,gpus,epoch_seconds` (+ optional `task`).
+
+One row per job and GPU count. Used by `omru simulate`, the benches and the
+planner service; every error names the file, the line and the bad value.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+from services.planner.core.model import Job, PlanningError
+
+REQUIRED = ("job", "epochs", "gpus", "epoch_seconds")
+
+
+def load_csv(path: str | Path, task: str | None = None) -> list[Job]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanningError(f"cannot read profiles {str(path)!r}: {exc.strerror}") from None
+    return parse_csv(text, task=task, source=str(path))
+
+
+def parse_csv(text: str, task: str | None = None, source: str = "profiles") -> list[Job]:
+    rows = csv.DictReader(io.StringIO("\n".join(l for l in text.splitlines() if not l.startswith("#"))))
+    header = rows.fieldnames or []
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise PlanningError(f"{source}: missing column(s) {', '.join(missing)} (header: {','.join(header) or 'empty'})")
+    if task is not None and "task" not in header:
+        raise PlanningError(f"{source}: --task {task!r} given but the file has no 'task' column")
+    epochs: dict[str, int] = {}
+    times: dict[str, dict[int, float]] = {}
+    tasks: set[str] = set()
+    for row in rows:
+        where = f"{source} line {rows.line_num}"
+        if None in row or any(row.get(c) is None for c in REQUIRED):
+            raise PlanningError(f"{where}: expected {len(header)} fields")
+        if "task" in header:
+            tasks.add(row["task"])
+            if task is not None and row["task"] != task:
+                continue
+        job = row["job"].strip()
+        if not job:
+            raise PlanningError(f"{where}: empty job name")
+        e = _number(row["epochs"], int, "epochs", where)
+        g = _number(row["gpus"], int, "gpus", where)
+        t = _number(row["epoch_seconds"], float, "epoch_seconds", where)
+        if epochs.setdefault(job, e) != e:
+            raise PlanningError(f"{where}: job {job!r} has epochs {e} here but {epochs[job]} earlier")
+        if g in times.setdefault(job, {}):
+            raise PlanningError(f"{where}: job {job!r} has two rows for {g} GPUs")
+        times[job][g] = t
+    if not times:
+        if task is not None:
+            raise PlanningError(f"{source}: no rows for task {task!r} (tasks: {', '.join(sorted(tasks))})")
+        raise PlanningError(f"{source}: no profile rows")
+    return [Job(job, epochs[job], times[job]) for job in times]
+
+
+def _number(raw: str, kind: type, name: str, where: str):
+    try:
+        value = kind(raw)
+    except (TypeError, ValueError):
+        raise PlanningError(f"{where}: {name} {raw!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise PlanningError(f"{where}: {name} must be positive, got {raw!r}")
+    return value
