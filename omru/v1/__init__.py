@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of package omru.v1 (`make protos`)."""

@@ -1,0 +1,153 @@
+from omru.v1 import common_pb2 as _common_pb2
+from omru.v1 import executor_pb2 as _executor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Plan(_message.Message):
+    __slots__ = ("version", "policy", "segments", "makespan_s", "created_unix_s")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    MAKESPAN_S_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    policy: str
+    segments: _containers.RepeatedCompositeFieldContainer[_common_pb2.Segment]
+    makespan_s: float
+    created_unix_s: float
+    def __init__(self, version: _Optional[int] = ..., policy: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.Segment, _Mapping]]] = ..., makespan_s: _Optional[float] = ..., created_unix_s: _Optional[float] = ...) -> None: ...
+
+class JobUpdate(_message.Message):
+    __slots__ = ("job_id", "state", "epochs_done", "world_size", "accuracy", "plan_version", "revision", "message", "time_unix_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_DONE_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: _common_pb2.JobState
+    epochs_done: int
+    world_size: int
+    accuracy: float
+    plan_version: int
+    revision: int
+    message: str
+    time_unix_s: float
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., epochs_done: _Optional[int] = ..., world_size: _Optional[int] = ..., accuracy: _Optional[float] = ..., plan_version: _Optional[int] = ..., revision: _Optional[int] = ..., message: _Optional[str] = ..., time_unix_s: _Optional[float] = ...) -> None: ...
+
+class JobResult(_message.Message):
+    __slots__ = ("job_id", "state", "epochs_done", "accuracy", "planned_finish_s", "actual_finish_s", "gpu_seconds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_DONE_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_FINISH_S_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_FINISH_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: _common_pb2.JobState
+    epochs_done: int
+    accuracy: float
+    planned_finish_s: float
+    actual_finish_s: float
+    gpu_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., epochs_done: _Optional[int] = ..., accuracy: _Optional[float] = ..., planned_finish_s: _Optional[float] = ..., actual_finish_s: _Optional[float] = ..., gpu_seconds: _Optional[float] = ...) -> None: ...
+
+class Report(_message.Message):
+    __slots__ = ("makespan_s", "planned_makespan_s", "utilisation", "jobs", "policy", "gpus", "lower_bound_s")
+    MAKESPAN_S_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_MAKESPAN_S_FIELD_NUMBER: _ClassVar[int]
+    UTILISATION_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    LOWER_BOUND_S_FIELD_NUMBER: _ClassVar[int]
+    makespan_s: float
+    planned_makespan_s: float
+    utilisation: float
+    jobs: _containers.RepeatedCompositeFieldContainer[JobResult]
+    policy: str
+    gpus: int
+    lower_bound_s: float
+    def __init__(self, makespan_s: _Optional[float] = ..., planned_makespan_s: _Optional[float] = ..., utilisation: _Optional[float] = ..., jobs: _Optional[_Iterable[_Union[JobResult, _Mapping]]] = ..., policy: _Optional[str] = ..., gpus: _Optional[int] = ..., lower_bound_s: _Optional[float] = ...) -> None: ...
+
+class SubmitJobsRequest(_message.Message):
+    __slots__ = ("jobs", "policy")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.JobSpec]
+    policy: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_common_pb2.JobSpec, _Mapping]]] = ..., policy: _Optional[str] = ...) -> None: ...
+
+class SubmitJobsResponse(_message.Message):
+    __slots__ = ("job_ids",)
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class CancelJobResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: _common_pb2.JobState
+    def __init__(self, state: _Optional[_Union[_common_pb2.JobState, str]] = ...) -> None: ...
+
+class GetPlanRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetPlanResponse(_message.Message):
+    __slots__ = ("plan",)
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    plan: Plan
+    def __init__(self, plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
+
+class WatchJobsRequest(_message.Message):
+    __slots__ = ("after_revision", "job_ids")
+    AFTER_REVISION_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    after_revision: int
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, after_revision: _Optional[int] = ..., job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WatchJobsResponse(_message.Message):
+    __slots__ = ("update",)
+    UPDATE_FIELD_NUMBER: _ClassVar[int]
+    update: JobUpdate
+    def __init__(self, update: _Optional[_Union[JobUpdate, _Mapping]] = ...) -> None: ...
+
+class WatchDirectivesRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class WatchDirectivesResponse(_message.Message):
+    __slots__ = ("directive",)
+    DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
+    directive: _executor_pb2.Directive
+    def __init__(self, directive: _Optional[_Union[_executor_pb2.Directive, _Mapping]] = ...) -> None: ...
+
+class GetReportRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetReportResponse(_message.Message):
+    __slots__ = ("report",)
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    report: Report
+    def __init__(self, report: _Optional[_Union[Report, _Mapping]] = ...) -> None: ...
