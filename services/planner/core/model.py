@@ -4,6 +4,12 @@ A job runs `epochs` epochs; its profile gives seconds per epoch by GPU count.
 The cluster is `nodes` x `gpus_per_node` identical GPUs; GPU id g lies on node
 g // gpus_per_node. A plan is a list of segments: job runs `epochs` whole
 epochs on exactly `gpus` during [start_s, end_s).
+
+Room for what comes after the paper's batch setting (unused by the reference
+policies, checked by the validator where it applies): a job's `arrival_s`
+(no segment starts before it), its `requested_gpus` (for rigid baselines),
+`placement` epoch times keyed by (GPU count, nodes spanned), and the input's
+`resize_cost_s` (the price of changing a running job's GPU set).
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ class Job:
     id: str
     epochs: int
     profile: Mapping[int, float]
+    arrival_s: float = 0.0
+    requested_gpus: int | None = None
+    placement: Mapping[tuple[int, int], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -38,10 +47,25 @@ class Job:
                 raise PlanningError(f"job {self.id!r}: GPU count must be a positive integer, got {g!r}")
             if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
                 raise PlanningError(f"job {self.id!r}: epoch time on {g} GPUs must be positive, got {t!r}")
+        if not (isinstance(self.arrival_s, (int, float)) and math.isfinite(self.arrival_s) and self.arrival_s >= 0):
+            raise PlanningError(f"job {self.id!r}: arrival_s must be >= 0, got {self.arrival_s!r}")
+        if self.requested_gpus is not None and not (
+            isinstance(self.requested_gpus, int) and self.requested_gpus > 0
+        ):
+            raise PlanningError(f"job {self.id!r}: requested_gpus must be a positive integer, got {self.requested_gpus!r}")
+        for key, t in self.placement.items():
+            if not (isinstance(key, tuple) and len(key) == 2 and all(isinstance(v, int) and v > 0 for v in key)
+                    and key[1] <= key[0]):
+                raise PlanningError(f"job {self.id!r}: placement key must be (gpus, nodes <= gpus), got {key!r}")
+            if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+                raise PlanningError(f"job {self.id!r}: epoch time on {key[0]} GPUs over {key[1]} nodes must be positive, got {t!r}")
         object.__setattr__(self, "profile", MappingProxyType(dict(sorted(self.profile.items()))))
+        object.__setattr__(self, "placement", MappingProxyType(dict(sorted(self.placement.items()))))
 
-    def epoch_seconds(self, gpus: int) -> float:
-        """Seconds per epoch on `gpus` GPUs."""
+    def epoch_seconds(self, gpus: int, nodes: int | None = None) -> float:
+        """Seconds per epoch on `gpus` GPUs; spread over `nodes` nodes when the placement table knows."""
+        if nodes is not None and (gpus, nodes) in self.placement:
+            return self.placement[(gpus, nodes)]
         try:
             return self.profile[gpus]
         except KeyError:
@@ -50,9 +74,9 @@ class Job:
                 f"(profile covers {','.join(map(str, self.profile))})"
             ) from None
 
-    def duration(self, gpus: int) -> float:
+    def duration(self, gpus: int, nodes: int | None = None) -> float:
         """D_j(g): seconds for all epochs on `gpus` GPUs."""
-        return self.epochs * self.epoch_seconds(gpus)
+        return self.epochs * self.epoch_seconds(gpus, nodes)
 
     @property
     def max_gpus(self) -> int:
@@ -91,6 +115,10 @@ class Cluster:
     def node_of(self, gpu: int) -> int:
         return gpu // self.gpus_per_node
 
+    def nodes_spanned(self, gpus) -> int:
+        """How many nodes the GPU ids `gpus` lie on."""
+        return len({g // self.gpus_per_node for g in gpus})
+
 
 @dataclass(frozen=True)
 class PlanningInput:
@@ -100,9 +128,13 @@ class PlanningInput:
     cluster: Cluster
     seed: int = 0
     options: Mapping[str, object] = field(default_factory=dict)
+    resize_cost_s: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "jobs", tuple(self.jobs))
+        if not (isinstance(self.resize_cost_s, (int, float)) and math.isfinite(self.resize_cost_s)
+                and self.resize_cost_s >= 0):
+            raise PlanningError(f"resize cost must be >= 0 seconds, got {self.resize_cost_s!r}")
         if not self.jobs:
             raise PlanningError("no jobs to plan")
         seen: set[str] = set()
@@ -152,27 +184,38 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class Unplaced:
+    """A job the policy could not place, and why: data in the result, not an exception."""
+
+    job: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """A schedule: segments, plus what the policy reports about itself.
 
-    `reference_utilization` is the reference code's own formula (see
-    metrics.py) where the policy has one, else None.
+    `reference_utilization` is the reference code's own formula (idle time
+    counted only inside its batches, see policies/reference.py) where the
+    policy has one, else None.
     """
 
     policy: str
     segments: tuple[Segment, ...]
     reference_utilization: float | None = None
+    unplaced: tuple[Unplaced, ...] = ()
 
     @property
     def makespan_s(self) -> float:
         return max((s.end_s for s in self.segments), default=0.0)
 
     def busy_gpu_seconds(self, jobs: "PlanningInput") -> float:
-        """GPU-seconds spent computing: epochs * t_j(g) * g over segments."""
+        """GPU-seconds spent computing: epochs * t_j(g, nodes spanned) * g over segments."""
         total = 0.0
         for s in self.segments:
             g = len(s.gpus)
-            total += s.epochs * jobs.job(s.job).epoch_seconds(g) * g
+            nodes = jobs.cluster.nodes_spanned(s.gpus)
+            total += s.epochs * jobs.job(s.job).epoch_seconds(g, nodes) * g
         return total
 
     def utilization(self, problem: "PlanningInput") -> float:

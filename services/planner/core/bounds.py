@@ -1,0 +1,92 @@
+"""Lower bounds on the makespan, with D_j(g) = E_j * t_j(g), g in 1..G.
+
+length: max_j min_g D_j(g)             (no job can finish faster)
+area:   sum_j min_g g D_j(g) / G       (the work must fit on G GPUs)
+fluid:  the LP where each job splits its work over GPU counts (valid when
+        jobs may be resized at epoch boundaries); solved with HiGHS
+static: for plans that never resize a job: the smallest T >= length with
+        sum_j min{ g D_j(g) : D_j(g) <= T } <= G T
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.planner.core.model import PlanningError, PlanningInput
+
+
+@dataclass(frozen=True)
+class LowerBounds:
+    length_s: float
+    area_s: float
+    fluid_s: float
+    static_s: float
+
+    def to_dict(self) -> dict:
+        return {"length_s": self.length_s, "area_s": self.area_s, "fluid_s": self.fluid_s, "static_s": self.static_s}
+
+
+def _durations(problem: PlanningInput) -> np.ndarray:
+    """D[j, g-1] for g = 1..G."""
+    G = problem.cluster.gpus
+    return np.array([[j.duration(g) for g in range(1, G + 1)] for j in problem.jobs], dtype=float)
+
+
+def length(problem: PlanningInput) -> float:
+    return float(_durations(problem).min(axis=1).max())
+
+
+def area(problem: PlanningInput) -> float:
+    D = _durations(problem)
+    g = np.arange(1, D.shape[1] + 1)
+    return float((D * g).min(axis=1).sum() / D.shape[1])
+
+
+def fluid(problem: PlanningInput) -> float:
+    """min T s.t. sum_g x_jg = 1, sum_g x_jg D_jg <= T, sum_jg x_jg g D_jg <= G T, x >= 0."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    D = _durations(problem)
+    n, G = D.shape
+    nv = n * G + 1  # x_jg row-major, then T
+    c = np.zeros(nv)
+    c[-1] = 1.0
+    rows, cols, vals = [], [], []
+    for j in range(n):  # per-job time: sum_g x_jg D_jg - T <= 0
+        rows += [j] * G + [j]
+        cols += list(range(j * G, (j + 1) * G)) + [nv - 1]
+        vals += list(D[j]) + [-1.0]
+    gD = (D * np.arange(1, G + 1)).ravel()
+    rows += [n] * (n * G) + [n]
+    cols += list(range(n * G)) + [nv - 1]
+    vals += list(gD) + [-float(G)]
+    A_ub = coo_matrix((vals, (rows, cols)), shape=(n + 1, nv)).tocsr()
+    A_eq = coo_matrix(
+        (np.ones(n * G), (np.repeat(np.arange(n), G), np.arange(n * G))), shape=(n, nv)
+    ).tocsr()
+    res = linprog(c, A_ub=A_ub, b_ub=np.zeros(n + 1), A_eq=A_eq, b_eq=np.ones(n), bounds=(0, None), method="highs")
+    if res.status != 0:
+        raise PlanningError(f"fluid lower bound: LP solver failed ({res.message})")
+    return float(res.x[-1])
+
+
+def static(problem: PlanningInput) -> float:
+    D = _durations(problem)
+    n, G = D.shape
+    area_of = D * np.arange(1, G + 1)
+    lo = length(problem)
+    # f(T) = sum_j min{g D_jg : D_jg <= T} only changes at the D values.
+    points = sorted({float(d) for d in D.ravel() if d >= lo} | {lo})
+    for i, b in enumerate(points):
+        F = float(np.where(D <= b * (1 + 1e-12), area_of, np.inf).min(axis=1).sum())
+        T = max(b, F / G)
+        if i + 1 == len(points) or T < points[i + 1]:
+            return T
+    raise AssertionError("unreachable")  # the last interval is unbounded
+
+
+def all_bounds(problem: PlanningInput) -> LowerBounds:
+    return LowerBounds(length(problem), area(problem), fluid(problem), static(problem))
