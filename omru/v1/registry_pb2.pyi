@@ -276,7 +276,9 @@ class ClusterEvent(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., kind: _Optional[_Union[ClusterEventKind, str]] = ..., node: _Optional[_Union[Node, _Mapping]] = ..., claim: _Optional[_Union[GpuClaim, _Mapping]] = ..., job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
 
 class WatchClusterResponse(_message.Message):
-    __slots__ = ("event",)
-    EVENT_FIELD_NUMBER: _ClassVar[int]
-    event: ClusterEvent
-    def __init__(self, event: _Optional[_Union[ClusterEvent, _Mapping]] = ...) -> None: ...
+    __slots__ = ("revision", "events")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    events: _containers.RepeatedCompositeFieldContainer[ClusterEvent]
+    def __init__(self, revision: _Optional[int] = ..., events: _Optional[_Iterable[_Union[ClusterEvent, _Mapping]]] = ...) -> None: ...

@@ -198,7 +198,7 @@ class RegistryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchCluster(self, request, context):
-        """Streams every change after a revision.
+        """Streams every change after a revision, one response per etcd revision.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
