@@ -1,0 +1,226 @@
+"""What a worker trains (`TrainSpec`) and how one attempt is launched (`AttemptSpec`).
+
+`TrainSpec` mirrors the proto ``JobSpec``: it is what the user submitted and it
+stays the same across restarts and resizes. `AttemptSpec` is the per-attempt
+launch information: world size, the device of every rank, the rendezvous
+endpoint, where checkpoints live, the stop-request file, and an optional
+profile mode. Both are frozen and validated at construction; a bad value
+raises `SpecError` (a ``ValueError``) whose message and ``field`` name the
+field. Both travel to the worker as JSON (`to_json` / `from_json`), never pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, fields
+
+from services.executor.worker import zoo
+
+DATASET_KINDS = ("digits", "synthetic", "imagefolder:<dir>", "clips:<dir>")
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class SpecError(ValueError):
+    """A spec value that is out of range; ``field`` names the offending field."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+def _require(cond: bool, field_name: str, message: str) -> None:
+    if not cond:
+        raise SpecError(field_name, message)
+
+
+def _int_field(obj, name: str, minimum: int) -> None:
+    value = getattr(obj, name)
+    _require(isinstance(value, int) and not isinstance(value, bool), name, f"must be an integer, got {value!r}")
+    _require(value >= minimum, name, f"must be >= {minimum}, got {value}")
+
+
+def _float_field(obj, name: str, minimum: float, strict: bool = False, maximum: float | None = None) -> None:
+    value = getattr(obj, name)
+    _require(isinstance(value, (int, float)) and not isinstance(value, bool), name, f"must be a number, got {value!r}")
+    bad = value <= minimum if strict else value < minimum
+    _require(not bad and value == value, name, f"must be {'>' if strict else '>='} {minimum}, got {value}")
+    if maximum is not None:
+        _require(value < maximum, name, f"must be < {maximum}, got {value}")
+
+
+def dataset_kind(dataset: str) -> tuple[str, str]:
+    """``"imagefolder:/d"`` -> ``("imagefolder", "/d")``; ``"digits"`` -> ``("digits", "")``."""
+    kind, _, arg = dataset.partition(":")
+    return kind, arg
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """One training job, as submitted (mirrors the proto JobSpec)."""
+
+    job_id: str
+    model: str
+    dataset: str = "digits"
+    epochs: int = 1
+    batch_size: int = 32  # per GPU / slot
+    base_lr: float = 0.1
+    base_batch: int = 32  # the global batch base_lr was tuned for
+    warmup_epochs: float = 5
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    num_classes: int = 0  # 0 = from the data
+    image_size: int = 32
+    frames: int = 0  # clip length for video models; 0 for images
+    min_gpus: int = 1
+    max_gpus: int = 1
+    seed: int = 0
+    train_samples: int = 0  # 0 = whole training split; otherwise caps an epoch
+    lr_decay: str = "none"  # "none" (constant after warm-up) or "cosine" (see lsr.py)
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.job_id, str) and bool(_JOB_ID.match(self.job_id)), "job_id",
+                 f"must be 1-128 characters of letters, digits, '.', '_', '-', got {self.job_id!r}")
+        try:
+            entry = zoo.entry(self.model)
+        except zoo.UnknownModelError as exc:
+            raise SpecError("model", str(exc)) from None
+        kind, arg = dataset_kind(self.dataset) if isinstance(self.dataset, str) else ("", "")
+        _require(kind in ("digits", "synthetic", "imagefolder", "clips") and (bool(arg) == (kind in ("imagefolder", "clips"))),
+                 "dataset", f"must be one of {', '.join(DATASET_KINDS)}, got {self.dataset!r}")
+        for name in ("epochs", "batch_size", "base_batch", "image_size", "min_gpus", "max_gpus"):
+            _int_field(self, name, 1)
+        for name in ("num_classes", "frames", "seed", "train_samples"):
+            _int_field(self, name, 0)
+        _require(self.lr_decay in ("none", "cosine"), "lr_decay", f"must be 'none' or 'cosine', got {self.lr_decay!r}")
+        _require(self.num_classes != 1, "num_classes", "must be 0 (from the data) or >= 2, got 1")
+        _float_field(self, "base_lr", 0.0, strict=True)
+        _float_field(self, "warmup_epochs", 0.0)
+        _float_field(self, "momentum", 0.0, maximum=1.0)
+        _float_field(self, "weight_decay", 0.0)
+        _require(self.max_gpus >= self.min_gpus, "max_gpus", f"must be >= min_gpus ({self.min_gpus}), got {self.max_gpus}")
+        if entry.kind == "video":
+            _require(self.frames >= 1, "frames", f"model {self.model} is a video model and needs frames >= 1, got {self.frames}")
+            _require(kind in ("synthetic", "clips"), "dataset",
+                     f"video model {self.model} needs a clip data set (synthetic or clips:<dir>), got {self.dataset!r}")
+        else:
+            _require(self.frames == 0, "frames", f"model {self.model} is an image model and needs frames = 0, got {self.frames}")
+            _require(kind != "clips", "dataset", f"image model {self.model} cannot train on clips ({self.dataset!r})")
+
+    @property
+    def is_video(self) -> bool:
+        return zoo.entry(self.model).kind == "video"
+
+    def fingerprint(self) -> str:
+        """Identifies the parameter shapes a checkpoint holds: model, classes, input."""
+        key = json.dumps([self.model, self.num_classes, self.image_size, self.frames, self.dataset])
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainSpec":
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """Profile instead of train: time iterations, report, exit (no checkpoints).
+
+    ``mode="sampled"``: run ``warmup_iters`` iterations, then time
+    ``measure_iters`` iterations and report their steady-state mean (and an epoch
+    estimate). ``mode="epoch"``: after the warm-up iterations, time one full epoch.
+    """
+
+    mode: str = "sampled"
+    warmup_iters: int = 3
+    measure_iters: int = 10
+
+    def __post_init__(self) -> None:
+        _require(self.mode in ("sampled", "epoch"), "profile.mode", f"must be 'sampled' or 'epoch', got {self.mode!r}")
+        _int_field(self, "warmup_iters", 0)
+        _int_field(self, "measure_iters", 1)
+
+
+@dataclass(frozen=True)
+class AttemptSpec:
+    """One launch of a job: who the ranks are and where they meet.
+
+    ``devices[rank]`` is ``"cpu"`` (gloo, one CPU slot) or a GPU index such as
+    ``"0"`` (NCCL; the launcher sets ``CUDA_VISIBLE_DEVICES`` to it, so the
+    worker then uses ``cuda:0``). ``rendezvous`` is the ``host:port`` of the
+    c10d TCPStore that rank 0 hosts; every rank uses the store under the
+    prefix ``attempt_id``, so each restart attempt starts from a clean slate.
+    All ranks must see ``checkpoint_dir`` (a shared folder across nodes).
+    When the file ``stop_file`` exists (or a worker receives SIGUSR1), the job
+    stops at the next epoch boundary after checkpointing.
+    """
+
+    attempt_id: str
+    world_size: int
+    rendezvous: str
+    checkpoint_dir: str
+    devices: tuple[str, ...] = ()
+    stop_file: str = ""
+    profile: ProfileSpec | None = None
+    timeout_s: float = 300.0  # rendezvous and collective timeout
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.attempt_id, str) and bool(_JOB_ID.match(self.attempt_id)), "attempt_id",
+                 f"must be 1-128 characters of letters, digits, '.', '_', '-', got {self.attempt_id!r}")
+        _int_field(self, "world_size", 1)
+        host, _, port = self.rendezvous.rpartition(":") if isinstance(self.rendezvous, str) else ("", "", "")
+        _require(bool(host) and port.isdigit() and 0 < int(port) < 65536, "rendezvous",
+                 f"must be 'host:port', got {self.rendezvous!r}")
+        _require(isinstance(self.checkpoint_dir, str) and bool(self.checkpoint_dir), "checkpoint_dir",
+                 f"must be a folder path, got {self.checkpoint_dir!r}")
+        devices = tuple(self.devices) or ("cpu",) * self.world_size
+        object.__setattr__(self, "devices", devices)
+        _require(len(devices) == self.world_size, "devices",
+                 f"needs one device per rank ({self.world_size}), got {len(devices)}: {list(devices)}")
+        for d in devices:
+            _require(d == "cpu" or d.isdigit(), "devices", f"each device must be 'cpu' or a GPU index, got {d!r}")
+        if isinstance(self.profile, dict):
+            object.__setattr__(self, "profile", ProfileSpec(**self.profile))
+        _float_field(self, "timeout_s", 0.0, strict=True)
+
+    @property
+    def host(self) -> str:
+        return self.rendezvous.rpartition(":")[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.rendezvous.rpartition(":")[2])
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["devices"] = list(self.devices)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "AttemptSpec":
+        data = _known(cls, data)
+        data["devices"] = tuple(data.get("devices", ()))
+        return cls(**data)
+
+
+def _known(cls, data: dict) -> dict:
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise SpecError(unknown[0], f"unknown field for {cls.__name__}")
+    return dict(data)
+
+
+def to_json(spec: TrainSpec, attempt: AttemptSpec) -> str:
+    return json.dumps({"spec": spec.to_dict(), "attempt": attempt.to_dict()})
+
+
+def from_json(text: str) -> tuple[TrainSpec, AttemptSpec]:
+    data = json.loads(text)
+    return TrainSpec.from_dict(data["spec"]), AttemptSpec.from_dict(data["attempt"])
+
+
+__all__ = ["TrainSpec", "AttemptSpec", "ProfileSpec", "SpecError", "to_json", "from_json", "dataset_kind"]
