@@ -1,0 +1,356 @@
+"""Launch a local OMRU cluster from child processes (what `omru up`, `omru
+demo` and end-to-end tests use).
+
+`EtcdProcess` runs Debian's `etcd` on free loopback ports with its own data
+directory (restartable on the same ports and data). `ServiceProcess` runs
+one `python -m services.<svc>.server` and waits for its JSON ready line.
+`LocalCluster` starts etcd (unless an endpoint is given), the registry, then
+the profiler, planner and N executors in parallel, and stops all of them
+(process groups, SIGTERM then SIGKILL) on exit; children also get SIGTERM
+when the launcher dies (Linux parent-death signal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class LaunchError(RuntimeError):
+    """A child process did not become ready; the message says which and why."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on host right now (the OS's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the launching process dies (Linux)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM the child's process group, SIGKILL what is left after grace seconds."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the group (workers)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's whole process group and reap the child."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _tail(path: Path | None, lines: int = 15) -> str:
+    if path is None or not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class EtcdProcess:
+    """One etcd member on loopback, with its own data directory."""
+
+    def __init__(self, data_dir: Path, binary: str = "etcd", log_file: Path | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.binary = binary
+        self.log_file = log_file
+        self.client_port = 0
+        self.peer_port = 0
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def start(self, timeout: float = 10.0) -> "EtcdProcess":
+        """Start on free ports (the same ports again after a stop)."""
+        if shutil.which(self.binary) is None:
+            raise LaunchError(f"etcd binary {self.binary!r} not found (Debian: apt-get install etcd-server)")
+        fresh = not self.client_port
+        for attempt in range(3):
+            if fresh:
+                self.client_port, self.peer_port = free_port(), free_port()
+            client, peer = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
+            out: IO | int = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+            try:
+                self.proc = subprocess.Popen(
+                    [
+                        self.binary, "--name", "omru", "--data-dir", str(self.data_dir),
+                        "--listen-client-urls", client, "--advertise-client-urls", client,
+                        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                        "--initial-cluster", f"omru={peer}", "--log-level", "warn", "--logger", "zap",
+                    ],
+                    stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+                )
+            finally:
+                if self.log_file:
+                    out.close()
+            if self._wait_healthy(timeout):
+                return self
+            self.stop()
+            if not fresh:
+                break
+        raise LaunchError(f"etcd did not become healthy on {self.endpoint}\n{_tail(self.log_file)}")
+
+    def _wait_healthy(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            with contextlib.suppress(OSError, ValueError):
+                with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as reply:
+                    if json.loads(reply.read()).get("health") == "true":
+                        return True
+            time.sleep(0.03)
+        return False
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop etcd (data and ports are kept for a restart)."""
+        if self.proc is not None:
+            _stop_group(self.proc, grace)
+            self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL etcd (as if the machine died)."""
+        if self.proc is not None:
+            _kill_group(self.proc)
+            self.proc = None
+
+    def restart(self, timeout: float = 10.0) -> None:
+        """Stop, then start on the same ports with the same data."""
+        self.stop()
+        self.start(timeout)
+
+
+@dataclass
+class ServiceProcess:
+    """One service child process and what its ready line said."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_file: Path | None = None
+    proc: subprocess.Popen | None = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return self.info["address"]
+
+    def spawn(self) -> "ServiceProcess":
+        err: IO | None = open(self.log_file, "ab") if self.log_file else None
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=self.env,
+                cwd=REPO_ROOT, start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        finally:
+            if err:
+                err.close()
+        return self
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.proc is not None:
+            _stop_group(self.proc, grace)
+            if self.proc.stdout:
+                self.proc.stdout.close()
+            self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (no clean shutdown: leases are not revoked)."""
+        if self.proc is not None:
+            _kill_group(self.proc)
+            if self.proc.stdout:
+                self.proc.stdout.close()
+            self.proc = None
+
+
+def wait_ready(services: Sequence[ServiceProcess], timeout: float) -> None:
+    """Wait until every service printed its ready line; LaunchError naming the first that fails."""
+    selector = selectors.DefaultSelector()
+    buffers: dict[int, bytes] = {}
+    pending = {s.proc.stdout.fileno(): s for s in services}
+    for fd in pending:
+        selector.register(fd, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    try:
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                s = next(iter(pending.values()))
+                raise LaunchError(f"{s.name} not ready within {timeout:.0f} s\n{_tail(s.log_file)}")
+            for key, _ in selector.select(min(left, 0.5)):
+                s = pending[key.fd]
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    s.proc.wait(5)
+                    raise LaunchError(f"{s.name} exited with code {s.proc.returncode} before ready\n{_tail(s.log_file)}")
+                buffers[key.fd] = buffers.get(key.fd, b"") + chunk
+                for line in buffers[key.fd].split(b"\n")[:-1]:
+                    with contextlib.suppress(ValueError):
+                        msg = json.loads(line)
+                        if isinstance(msg, dict) and msg.get("ready"):
+                            s.info = msg
+                if s.info:
+                    selector.unregister(key.fd)
+                    del pending[key.fd]
+    finally:
+        selector.close()
+
+
+def service_argv(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", f"services.{module}.server", *args]
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of service children: ours, with the repo on the path and one torch thread."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class LocalCluster:
+    """etcd + registry + profiler + planner + N executors on this machine (a context manager)."""
+
+    def __init__(
+        self,
+        nodes: int = 1,
+        slots_per_node: int = 2,
+        planner_port: int = 50051,
+        etcd_endpoint: str | None = None,
+        host: str = "127.0.0.1",
+        work_dir: Path | None = None,
+        log_to_files: bool = True,
+        ttl_seconds: int = 5,
+        auth_token: str | None = None,
+        ready_timeout: float = 30.0,
+    ) -> None:
+        if nodes < 0:
+            raise ValueError(f"nodes {nodes} is negative")
+        if slots_per_node < 1:
+            raise ValueError(f"slots_per_node {slots_per_node} is below 1")
+        if not 0 <= planner_port <= 65535:
+            raise ValueError(f"planner port {planner_port} is not in 0..65535")
+        self.nodes = nodes
+        self.slots = slots_per_node
+        self.planner_port = planner_port
+        self.etcd_endpoint = etcd_endpoint
+        self.host = host
+        self.ttl = ttl_seconds
+        self.auth_token = auth_token
+        self.ready_timeout = ready_timeout
+        self.log_to_files = log_to_files
+        self._own_dir = work_dir is None
+        self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="omru-up-"))
+        self.etcd: EtcdProcess | None = None
+        self.services: list[ServiceProcess] = []
+        self.seconds_to_ready = 0.0
+
+    def _service(self, name: str, module: str, *args: str) -> ServiceProcess:
+        log = self.work_dir / "logs" / f"{name}.log" if self.log_to_files else None
+        extra = {"OMRU_AUTH_TOKEN": self.auth_token} if self.auth_token else {}
+        s = ServiceProcess(name, service_argv(module, "--host", self.host, *args), child_env(extra), log)
+        self.services.append(s)
+        return s.spawn()
+
+    def start(self) -> "LocalCluster":
+        began = time.monotonic()
+        (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
+        try:
+            if self.etcd_endpoint is None:
+                log = self.work_dir / "logs" / "etcd.log" if self.log_to_files else None
+                self.etcd = EtcdProcess(self.work_dir / "etcd", log_file=log).start()
+                self.etcd_endpoint = self.etcd.endpoint
+            registry = self._service("registry", "registry", "--port", "0", "--etcd", self.etcd_endpoint)
+            wait_ready([registry], self.ready_timeout)
+            profiler = self._service("profiler", "profiler", "--port", "0", "--etcd", self.etcd_endpoint, "--registry", registry.address)
+            executors = [
+                self._service(
+                    f"executor-{i}", "executor", "--port", "0", "--node-id", f"node-{i}", "--registry", registry.address,
+                    "--slots", str(self.slots), "--ttl", str(self.ttl), "--work-dir", str(self.work_dir / f"node-{i}"),
+                )
+                for i in range(self.nodes)
+            ]
+            wait_ready([profiler], self.ready_timeout)  # the planner needs its address
+            planner = self._service(
+                "planner", "planner", "--port", str(self.planner_port), "--etcd", self.etcd_endpoint,
+                "--registry", registry.address, "--profiler", profiler.address,
+            )
+            wait_ready([planner, *executors], self.ready_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.seconds_to_ready = time.monotonic() - began
+        return self
+
+    def service(self, name: str) -> ServiceProcess:
+        return next(s for s in self.services if s.name == name)
+
+    @property
+    def executors(self) -> list[ServiceProcess]:
+        return [s for s in self.services if s.name.startswith("executor-")]
+
+    def ready_line(self) -> dict:
+        """What `omru up` prints: the addresses of everything started."""
+        return {
+            "ready": True,
+            "planner": self.service("planner").address,
+            "registry": self.service("registry").address,
+            "profiler": self.service("profiler").address,
+            "executors": [s.address for s in self.executors],
+            "etcd": self.etcd_endpoint,
+            "seconds_to_ready": round(self.seconds_to_ready, 3),
+            "work_dir": str(self.work_dir),
+        }
+
+    def stop(self) -> None:
+        """Stop every child (executors first, etcd last) and remove an own temp dir."""
+        for s in reversed(self.services):
+            if s.name.startswith("executor-"):
+                s.stop()
+        for s in reversed(self.services):
+            s.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
+        if self._own_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

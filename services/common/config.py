@@ -1,0 +1,204 @@
+"""One frozen, validated configuration dataclass per service.
+
+Configuration is built at the entry point (`main()` of each server, `omru
+up`) from arguments and the environment; nothing below reads the
+environment. Every dataclass validates itself in `__post_init__` and raises
+`ConfigError` naming the bad value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+#: Environment variable holding the bearer token (read by entry points only).
+TOKEN_ENV = "OMRU_AUTH_TOKEN"
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names it."""
+
+
+def check_id(name: str, value: str) -> str:
+    """Return value when it is a valid id ([A-Za-z0-9._-], 1..128 chars), else raise."""
+    if not isinstance(value, str) or not _ID_RE.match(value):
+        raise ConfigError(f"{name} {value!r} is not a valid id ([A-Za-z0-9._-], 1..128 characters)")
+    return value
+
+
+def check_endpoint(name: str, value: str) -> str:
+    """Return value when it is "host:port" with a port in 0..65535, else raise."""
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{name} {value!r} is not host:port")
+    return value
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """Server TLS from PEM files (both or neither)."""
+
+    cert_file: Path
+    key_file: Path
+
+    def __post_init__(self) -> None:
+        for name in ("cert_file", "key_file"):
+            path = Path(getattr(self, name))
+            if not path.is_file():
+                raise ConfigError(f"tls {name} {str(path)!r} is not a readable file")
+            object.__setattr__(self, name, path)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where and how a gRPC server listens."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    tls: TlsConfig | None = None
+    auth_token: str | None = None
+    grace_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ConfigError("host '' is empty")
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port!r} is not in 0..65535")
+        if self.auth_token is not None and (not self.auth_token or any(c.isspace() for c in self.auth_token)):
+            raise ConfigError("auth token is empty or contains whitespace")
+        if self.grace_seconds < 0:
+            raise ConfigError(f"grace_seconds {self.grace_seconds!r} is negative")
+
+
+@dataclass(frozen=True)
+class EtcdConfig:
+    """How to reach etcd."""
+
+    endpoint: str = "127.0.0.1:2379"
+    prefix: str = "/omru/"
+    timeout_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        check_endpoint("etcd endpoint", self.endpoint)
+        if not self.prefix.startswith("/") or not self.prefix.endswith("/"):
+            raise ConfigError(f"etcd prefix {self.prefix!r} must start and end with '/'")
+        if not self.timeout_seconds > 0:
+            raise ConfigError(f"etcd timeout_seconds {self.timeout_seconds!r} is not positive")
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    """The registry service."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    max_ttl_seconds: int = 3600
+
+    def __post_init__(self) -> None:
+        if self.max_ttl_seconds < 1:
+            raise ConfigError(f"max_ttl_seconds {self.max_ttl_seconds!r} is below 1")
+
+
+@dataclass(frozen=True)
+class ProfilerConfig:
+    """The profiler service."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    registry: str = "127.0.0.1:0"
+
+    def __post_init__(self) -> None:
+        check_endpoint("registry address", self.registry)
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """The planner service."""
+
+    server: ServerConfig = field(default_factory=lambda: ServerConfig(port=50051))
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    registry: str = "127.0.0.1:0"
+    profiler: str = "127.0.0.1:0"
+    policy: str = "omru-ga"
+
+    def __post_init__(self) -> None:
+        check_endpoint("registry address", self.registry)
+        check_endpoint("profiler address", self.profiler)
+        if not self.policy:
+            raise ConfigError("policy '' is empty")
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """The executor of one node."""
+
+    node_id: str
+    server: ServerConfig = field(default_factory=ServerConfig)
+    registry: str = "127.0.0.1:0"
+    planner: str = ""
+    slots: int = 2
+    ttl_seconds: int = 5
+    advertise_host: str = ""
+    work_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        check_id("node_id", self.node_id)
+        check_endpoint("registry address", self.registry)
+        if self.planner:
+            check_endpoint("planner address", self.planner)
+        if not isinstance(self.slots, int) or not 1 <= self.slots <= 1024:
+            raise ConfigError(f"slots {self.slots!r} is not in 1..1024")
+        if not isinstance(self.ttl_seconds, int) or not 1 <= self.ttl_seconds <= 3600:
+            raise ConfigError(f"ttl_seconds {self.ttl_seconds!r} is not in 1..3600")
+
+
+# --- entry-point helpers: arguments + environment -> config -----------------
+
+
+def add_server_args(parser: argparse.ArgumentParser, default_port: int = 0) -> None:
+    """The listening options every server takes."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=default_port, help="port (0 = any free port)")
+    parser.add_argument("--tls-cert", type=Path, help="PEM certificate (with --tls-key: serve TLS)")
+    parser.add_argument("--tls-key", type=Path, help="PEM private key")
+    parser.add_argument(
+        "--auth-token-file",
+        type=Path,
+        help=f"file holding the bearer token clients must send (else ${TOKEN_ENV}, else no auth)",
+    )
+
+
+def add_etcd_args(parser: argparse.ArgumentParser) -> None:
+    """The etcd options of services that store state."""
+    parser.add_argument("--etcd", default="127.0.0.1:2379", help="etcd endpoint host:port")
+    parser.add_argument("--etcd-prefix", default="/omru/", help="key prefix of all OMRU keys")
+
+
+def read_token(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    """The bearer token: --auth-token-file, else $OMRU_AUTH_TOKEN, else None."""
+    path = getattr(args, "auth_token_file", None)
+    if path is not None:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"auth token file {str(path)!r} cannot be read: {exc.strerror}") from exc
+    return env.get(TOKEN_ENV) or None
+
+
+def server_config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> ServerConfig:
+    """ServerConfig from add_server_args options and the environment."""
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise ConfigError("--tls-cert and --tls-key must be given together")
+        tls = TlsConfig(args.tls_cert, args.tls_key)
+    return ServerConfig(host=args.host, port=args.port, tls=tls, auth_token=read_token(args, env))
+
+
+def etcd_config_from_args(args: argparse.Namespace) -> EtcdConfig:
+    """EtcdConfig from add_etcd_args options."""
+    return EtcdConfig(endpoint=args.etcd, prefix=args.etcd_prefix)

@@ -1,0 +1,62 @@
+"""gRPC error helpers shared by the servicers.
+
+Errors are status codes whose message names the bad value; servicers raise
+these through `abort_*` helpers or let `EtcdUnavailable` surface, which
+`grpc_errors` maps to UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import NoReturn
+
+import grpc
+
+from services.common.etcd import EtcdUnavailable
+
+
+async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    """End the call with `code` and `message`."""
+    await context.abort(code, message)
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+async def abort_invalid(context: grpc.aio.ServicerContext, field: str, problem: str) -> NoReturn:
+    """INVALID_ARGUMENT naming the field: "<field>: <problem>"."""
+    await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {problem}")
+
+
+async def abort_not_found(context: grpc.aio.ServicerContext, field: str, value: object) -> NoReturn:
+    """NOT_FOUND naming the field and its value."""
+    await abort(context, grpc.StatusCode.NOT_FOUND, f"{field} {value!r} not found")
+
+
+async def require(context: grpc.aio.ServicerContext, field: str, value: object) -> None:
+    """INVALID_ARGUMENT when a required field is empty or zero."""
+    if not value:
+        await abort_invalid(context, field, "is required")
+
+
+def grpc_errors(method):
+    """Decorate a servicer method: etcd outages become UNAVAILABLE."""
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream(self, request, context):
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except EtcdUnavailable as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+        return stream
+
+    @functools.wraps(method)
+    async def unary(self, request, context):
+        try:
+            return await method(self, request, context)
+        except EtcdUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    return unary

@@ -1,0 +1,339 @@
+"""The one module that talks to etcd (through aetcd).
+
+`EtcdStore` is a small interface over one key prefix: reads, puts,
+create-if-absent and compare-and-swap transactions, leases, and a watch that
+survives a broken stream (it resumes after the last revision it delivered,
+and re-lists when that revision is compacted). Keys are given and returned
+relative to the prefix. Every etcd outage surfaces as `EtcdUnavailable`,
+which servicers map to UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import AsyncIterator, Mapping
+
+import aetcd
+import grpc
+from aetcd import exceptions as aetcd_errors
+from aetcd import rpc
+from aetcd.utils import prefix_range_end
+
+from services.common.logging import get_logger
+
+log = get_logger(__name__)
+
+#: Channel options: reconnect fast after an etcd restart.
+_CHANNEL_OPTIONS = {
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.min_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 1000,
+}
+
+
+class EtcdUnavailable(Exception):
+    """etcd cannot be reached (or did not answer in time)."""
+
+
+class LeaseNotFound(Exception):
+    """etcd says the lease does not exist (expired or revoked)."""
+
+
+@dataclass(frozen=True)
+class Kv:
+    """One stored key (relative to the prefix) with its etcd metadata."""
+
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change seen by a watch: kind is "put" or "delete"."""
+
+    kind: str
+    key: str
+    value: bytes
+    prev_value: bytes | None
+    revision: int
+
+
+@dataclass(frozen=True)
+class WatchBatch:
+    """Every change of one etcd revision."""
+
+    revision: int
+    events: tuple[WatchEvent, ...]
+
+
+@dataclass(frozen=True)
+class Resync:
+    """The watch could not resume (compacted): the full state as of revision."""
+
+    revision: int
+    kvs: tuple[Kv, ...]
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    """Outcome of a transaction: its revision and, on failure, the keys that blocked it."""
+
+    succeeded: bool
+    revision: int
+    existing: tuple[Kv, ...] = ()
+
+
+class EtcdStore:
+    """Keys under one prefix of one etcd endpoint."""
+
+    def __init__(self, endpoint: str, prefix: str = "/omru/", timeout: float = 2.0) -> None:
+        host, _, port = endpoint.rpartition(":")
+        self.endpoint = endpoint
+        self.prefix = prefix
+        self.timeout = timeout
+        self._client = aetcd.Client(
+            host=host, port=int(port), timeout=timeout, options=dict(_CHANNEL_OPTIONS), connect_wait_timeout=timeout
+        )
+
+    # --- lifecycle ---------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Open the channel (etcd need not be up yet)."""
+        with self._errors("connect"):
+            await self._client.connect()
+
+    async def close(self) -> None:
+        """Close the channel and every watch."""
+        with contextlib.suppress(Exception):
+            await self._client.close()
+
+    async def __aenter__(self) -> "EtcdStore":
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # --- reads and writes --------------------------------------------------
+
+    def _key(self, key: str) -> bytes:
+        return (self.prefix + key).encode()
+
+    def _kv(self, kv) -> Kv:
+        return Kv(
+            key=kv.key.decode()[len(self.prefix) :],
+            value=bytes(kv.value),
+            create_revision=kv.create_revision,
+            mod_revision=kv.mod_revision,
+            lease=kv.lease,
+        )
+
+    async def get(self, key: str) -> Kv | None:
+        """The key, or None."""
+        with self._errors(f"get {key}"):
+            result = await self._client.get(self._key(key))
+        return None if result is None else self._kv(result)
+
+    async def list(self, prefix: str = "") -> tuple[list[Kv], int]:
+        """Every key under prefix (sorted by key) and the revision of the read."""
+        full = self._key(prefix)
+        request = rpc.RangeRequest(key=full, range_end=prefix_range_end(full), sort_order=rpc.RangeRequest.ASCEND)
+        with self._errors(f"list {prefix}"):
+            await self._client.connect()
+            response = await self._client.kvstub.Range(request, timeout=self.timeout)
+        return [self._kv(kv) for kv in response.kvs], response.header.revision
+
+    async def revision(self) -> int:
+        """The current revision of the store."""
+        with self._errors("revision"):
+            await self._client.connect()
+            response = await self._client.kvstub.Range(rpc.RangeRequest(key=self._key(""), count_only=True), timeout=self.timeout)
+        return response.header.revision
+
+    async def put(self, key: str, value: bytes, lease: int = 0) -> int:
+        """Write the key unconditionally; returns the revision."""
+        with self._errors(f"put {key}"):
+            result = await self._client.put(self._key(key), value, lease=lease or None)
+        return result.header.revision
+
+    async def create(self, items: Mapping[str, bytes], lease: int | Mapping[str, int] = 0) -> TxnResult:
+        """Create every key, all or nothing: fails (writing nothing) when any exists.
+
+        lease: one lease for every key, or a lease per key. On failure
+        `existing` holds the keys that already exist. LeaseNotFound when a
+        lease is gone."""
+        keys = list(items)
+        leases = lease if isinstance(lease, Mapping) else {k: lease for k in keys}
+        compare = [rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=self._key(k), create_revision=0) for k in keys]
+        success = [rpc.RequestOp(request_put=rpc.PutRequest(key=self._key(k), value=items[k], lease=leases.get(k, 0))) for k in keys]
+        failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=self._key(k))) for k in keys]
+        response = await self._txn(compare, success, failure, f"create {keys}")
+        if response.succeeded:
+            return TxnResult(True, response.header.revision)
+        existing = tuple(self._kv(kv) for op in response.responses for kv in op.response_range.kvs)
+        return TxnResult(False, response.header.revision, existing)
+
+    async def cas(self, key: str, value: bytes, mod_revision: int, lease: int = 0) -> TxnResult:
+        """Write the key only when its mod revision is still mod_revision (0: only when absent).
+
+        On failure `existing` holds the current key (empty when it is gone)."""
+        full = self._key(key)
+        compare = [rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.MOD, key=full, mod_revision=mod_revision)]
+        success = [rpc.RequestOp(request_put=rpc.PutRequest(key=full, value=value, lease=lease))]
+        failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=full))]
+        response = await self._txn(compare, success, failure, f"cas {key}")
+        if response.succeeded:
+            return TxnResult(True, response.header.revision)
+        return TxnResult(False, response.header.revision, tuple(self._kv(kv) for kv in response.responses[0].response_range.kvs))
+
+    async def delete(self, key: str, mod_revision: int | None = None) -> TxnResult:
+        """Delete the key (only when its mod revision is still mod_revision, when given).
+
+        succeeded is False when the key was absent or had changed."""
+        full = self._key(key)
+        compare = []
+        if mod_revision is not None:
+            compare.append(rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.MOD, key=full, mod_revision=mod_revision))
+        else:
+            compare.append(rpc.Compare(result=rpc.Compare.GREATER, target=rpc.Compare.CREATE, key=full, create_revision=0))
+        success = [rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=full))]
+        response = await self._txn(compare, success, [], f"delete {key}")
+        return TxnResult(response.succeeded, response.header.revision)
+
+    async def _txn(self, compare, success, failure, what: str):
+        request = rpc.TxnRequest(compare=compare, success=success, failure=failure)
+        with self._errors(what):
+            await self._client.connect()
+            return await self._client.kvstub.Txn(request, timeout=self.timeout)
+
+    # --- leases ------------------------------------------------------------
+
+    async def grant_lease(self, ttl_seconds: int) -> int:
+        """A new lease of ttl_seconds; returns its id."""
+        with self._errors("grant lease"):
+            lease = await self._client.lease(ttl_seconds)
+        return lease.id
+
+    async def refresh_lease(self, lease_id: int) -> int:
+        """Keep the lease alive; returns its remaining TTL, 0 when the lease is gone."""
+        with self._errors(f"refresh lease {lease_id}"):
+            reply = await self._client.refresh_lease(lease_id)
+        return max(0, int(reply.TTL)) if reply is not None else 0
+
+    async def revoke_lease(self, lease_id: int) -> bool:
+        """Revoke the lease (its keys vanish); False when it was already gone."""
+        try:
+            with self._errors(f"revoke lease {lease_id}"):
+                await self._client.revoke_lease(lease_id)
+        except LeaseNotFound:
+            return False
+        return True
+
+    # --- watch -------------------------------------------------------------
+
+    async def watch(self, prefix: str, after_revision: int) -> AsyncIterator[WatchBatch | Resync]:
+        """Every change under prefix after after_revision, one batch per revision, forever.
+
+        A broken stream (etcd restart, network) is resumed after the last
+        delivered revision; when that revision is compacted, a `Resync` with
+        the full state comes instead and the watch goes on from there.
+        `after_revision` 0 means: from now on."""
+        full = self._key(prefix)
+        last = after_revision if after_revision > 0 else await self.revision()
+        backoff = 0.05
+        while True:
+            queue: asyncio.Queue = asyncio.Queue()
+            try:
+                with self._errors("connect"):
+                    await self._client.connect()
+                # The raw callback sees each etcd response's events together,
+                # so a revision is never split across batches.
+                callback = await self._client._watcher.add_callback(  # noqa: SLF001
+                    full, queue.put, range_end=prefix_range_end(full), start_revision=last + 1, prev_kv=True
+                )
+                backoff = 0.05
+                try:
+                    async for batch in self._batches(queue):
+                        last = batch.revision
+                        yield batch
+                finally:
+                    with contextlib.suppress(Exception):
+                        await self._client._watcher.cancel(callback.watch_id)  # noqa: SLF001
+            except aetcd_errors.RevisionCompactedError as exc:
+                log.warning("watch_compacted", prefix=prefix, after_revision=last, compacted=exc.compacted_revision)
+                try:
+                    kvs, revision = await self.list(prefix)
+                except EtcdUnavailable:
+                    await asyncio.sleep(backoff)
+                    continue
+                last = revision
+                yield Resync(revision, tuple(kvs))
+            except (aetcd_errors.ClientError, grpc.RpcError, EtcdUnavailable, asyncio.TimeoutError) as exc:
+                log.warning("watch_broken", prefix=prefix, after_revision=last, error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(backoff)
+                backoff = min(1.0, backoff * 2)
+
+    async def _batches(self, queue: asyncio.Queue) -> AsyncIterator[WatchBatch]:
+        """Group queued events by revision; raise what the watcher reports."""
+        while True:
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            events: list[WatchEvent] = []
+            for item in items:
+                if item is None or isinstance(item, BaseException):
+                    for batch in _group(events):
+                        yield batch
+                    raise item if item is not None else aetcd_errors.ClientError("watch closed")
+                events.append(self._event(item))
+            for batch in _group(events):
+                yield batch
+
+    def _event(self, event) -> WatchEvent:
+        kv = event.kv
+        return WatchEvent(
+            kind="put" if event.kind == "PUT" else "delete",
+            key=kv.key.decode()[len(self.prefix) :],
+            value=bytes(kv.value),
+            prev_value=bytes(event.prev_kv.value) if event.prev_kv is not None else None,
+            revision=kv.mod_revision,
+        )
+
+    # --- errors ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _errors(self, what: str):
+        try:
+            yield
+        except aetcd_errors.RevisionCompactedError:
+            raise
+        except (aetcd_errors.ConnectionFailedError, aetcd_errors.ConnectionTimeoutError, asyncio.TimeoutError) as exc:
+            raise EtcdUnavailable(f"etcd at {self.endpoint} unavailable ({what}): {exc or type(exc).__name__}") from exc
+        except grpc.aio.AioRpcError as exc:
+            raise self._from_status(exc.code(), exc.details(), what) from exc
+        except aetcd_errors.ClientError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, grpc.aio.AioRpcError):
+                raise self._from_status(cause.code(), cause.details(), what) from exc
+            raise EtcdUnavailable(f"etcd at {self.endpoint} failed ({what}): {exc}") from exc
+
+    def _from_status(self, code: grpc.StatusCode, details: str, what: str) -> Exception:
+        if code == grpc.StatusCode.NOT_FOUND and "lease" in (details or ""):
+            return LeaseNotFound(details)
+        return EtcdUnavailable(f"etcd at {self.endpoint} unavailable ({what}): {code.name} {details}")
+
+
+def _group(events: list[WatchEvent]) -> list[WatchBatch]:
+    """Consecutive events of one revision, as batches."""
+    batches: list[WatchBatch] = []
+    for event in events:
+        if batches and batches[-1].revision == event.revision:
+            batches[-1] = WatchBatch(event.revision, batches[-1].events + (event,))
+        else:
+            batches.append(WatchBatch(event.revision, (event,)))
+    return batches

@@ -1,0 +1,170 @@
+"""gRPC server bootstrap shared by every OMRU service.
+
+`start_server` binds a grpc.aio server (port 0 works: the bound port is
+returned), adds the health and reflection services, optional TLS and an
+optional bearer-token interceptor. `serve_forever` prints one JSON ready
+line on stdout (what `omru up` waits for), then runs until SIGTERM/SIGINT and
+stops gracefully (health NOT_SERVING first, then a grace period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.config import ServerConfig
+from services.common.logging import get_logger
+
+log = get_logger(__name__)
+
+#: Methods reachable without a token (load balancers and probes).
+PUBLIC_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
+
+
+@dataclass(frozen=True)
+class Service:
+    """One servicer to serve: the generated add_XxxServicer_to_server, the servicer, its full name."""
+
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
+    servicer: Any
+    full_name: str
+
+
+def service_name(pb2_module, name: str) -> str:
+    """Full name ("omru.v1.RegistryService") of a service in a generated module."""
+    return pb2_module.DESCRIPTOR.services_by_name[name].full_name
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls whose `authorization` metadata is not "Bearer <token>" with UNAUTHENTICATED."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(PUBLIC_METHOD_PREFIXES):
+            return handler
+        sent = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
+        if isinstance(sent, str):
+            sent = sent.encode()
+        if hmac.compare_digest(sent, self._expected):
+            return handler
+        return _deny(handler, handler_call_details.method, "missing" if not sent else "wrong")
+
+
+def _deny(handler: grpc.RpcMethodHandler, method: str, what: str) -> grpc.RpcMethodHandler:
+    message = f"{method}: {what} bearer token (send metadata 'authorization: Bearer <token>')"
+
+    async def refuse(request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    return make(refuse, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+
+
+@dataclass
+class RunningServer:
+    """A started server: its grpc.aio server, bound port and health servicer."""
+
+    server: grpc.aio.Server
+    host: str
+    port: int
+    health: Any
+    service_names: tuple[str, ...]
+    grace_seconds: float
+    on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Mark NOT_SERVING, run the on_stop hooks, stop with a grace period."""
+        await self.health.enter_graceful_shutdown()
+        for hook in self.on_stop:
+            try:
+                await hook()
+            except Exception as exc:  # a failing hook must not keep the server up
+                log.warning("stop_hook_failed", error=str(exc))
+        await self.server.stop(self.grace_seconds if grace is None else grace)
+
+
+async def start_server(config: ServerConfig, services: Sequence[Service]) -> RunningServer:
+    """Bind and start a server for the services, with health and reflection."""
+    interceptors = [BearerTokenInterceptor(config.auth_token)] if config.auth_token else []
+    server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
+    names = tuple(s.full_name for s in services)
+    for s in services:
+        s.add_to_server(s.servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    target = f"{config.host}:{config.port}"
+    if config.tls is not None:
+        credentials = grpc.ssl_server_credentials([(config.tls.key_file.read_bytes(), config.tls.cert_file.read_bytes())])
+        port = server.add_secure_port(target, credentials)
+    else:
+        port = server.add_insecure_port(target)
+    if port == 0:
+        raise OSError(f"cannot listen on {target}")
+    await server.start()
+    for name in ("", *names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("server_started", address=f"{config.host}:{port}", services=list(names), tls=config.tls is not None, auth=bool(config.auth_token))
+    return RunningServer(server, config.host, port, health_servicer, names, config.grace_seconds)
+
+
+def print_ready(**info: Any) -> None:
+    """The one JSON ready line on stdout that launchers wait for."""
+    print(json.dumps({"ready": True, **info}), flush=True)
+
+
+async def serve_forever(running: RunningServer, service: str, **ready_info: Any) -> None:
+    """Print the ready line, then serve until SIGTERM/SIGINT and stop gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print_ready(service=service, address=running.address, port=running.port, **ready_info)
+    waiter = asyncio.ensure_future(running.server.wait_for_termination())
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("server_stopping", address=running.address)
+    await running.stop()
+    for task in (waiter, stopper):
+        task.cancel()
+    log.info("server_stopped", address=running.address)
+
+
+def run_main(service: str, parse_config: Callable[[list[str] | None, Mapping[str, str]], Any], serve: Callable[[Any], Awaitable[None]], argv: list[str] | None = None) -> int:
+    """A server's main(): set up logging, read the config from argv and the
+    environment (the only place it is read), serve; a bad config exits 2 with one line."""
+    import os
+
+    from services.common.config import ConfigError
+    from services.common.logging import configure
+
+    configure(service)
+    try:
+        config = parse_config(argv, os.environ)
+    except ConfigError as exc:
+        print(f"{service}: error: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(config))
+    return 0

@@ -1,0 +1,76 @@
+"""Entry point of a node's executor: `python -m services.executor.server --node-id N --registry HOST:PORT`.
+
+Starts the ExecutorService (health, reflection), then registers the node
+with its GPUs (NVML) or `--slots` CPU slots in the registry and keeps its
+lease alive; SIGTERM/SIGINT deregisters and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+
+from omru.v1 import executor_pb2, executor_pb2_grpc
+from services.common import config as cfg
+from services.common import gpus
+from services.common.channels import open_channel
+from services.common.server import RunningServer, Service, run_main, serve_forever, service_name, start_server
+from services.executor.servicer import ExecutorServicer
+from services.registry.membership import NodeMembership
+
+
+async def start(config: cfg.ExecutorConfig, servicer=None) -> tuple[RunningServer, NodeMembership]:
+    """Start the executor and register its node; returns the server and the membership."""
+    servicer = servicer if servicer is not None else ExecutorServicer()
+    service = Service(executor_pb2_grpc.add_ExecutorServiceServicer_to_server, servicer, service_name(executor_pb2, "ExecutorService"))
+    running = await start_server(config.server, [service])
+    host = config.advertise_host or (config.server.host if config.server.host not in ("0.0.0.0", "[::]") else socket.gethostname())
+    channel = open_channel(config.registry, token=config.server.auth_token)
+    membership = NodeMembership(channel, config.node_id, f"{host}:{running.port}", gpus.detect(config.slots), config.ttl_seconds)
+    try:
+        await membership.start()
+    except BaseException:
+        await running.stop(0)
+        await channel.close()
+        raise
+    running.on_stop.append(membership.stop)
+    running.on_stop.append(channel.close)
+    return running, membership
+
+
+async def serve(config: cfg.ExecutorConfig) -> None:
+    """Run the executor until SIGTERM/SIGINT."""
+    running, membership = await start(config)
+    await serve_forever(running, "executor", node_id=config.node_id, gpus=len(membership.gpus), lease_id=membership.lease_id)
+
+
+def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
+    parser = argparse.ArgumentParser(prog="python -m services.executor.server", description=__doc__.splitlines()[0])
+    cfg.add_server_args(parser)
+    parser.add_argument("--node-id", default=socket.gethostname(), help="id of this node (default: the host name)")
+    parser.add_argument("--registry", required=True, help="registry address host:port")
+    parser.add_argument("--planner", default="", help="planner address host:port (directives)")
+    parser.add_argument("--slots", type=int, default=2, help="CPU slots to offer when NVML finds no GPU")
+    parser.add_argument("--ttl", type=int, default=5, help="node lease TTL in seconds")
+    parser.add_argument("--advertise-host", default="", help="host other nodes reach this executor at")
+    parser.add_argument("--work-dir", default=None, help="directory for worker files and checkpoints")
+    args = parser.parse_args(argv)
+    return cfg.ExecutorConfig(
+        node_id=args.node_id,
+        server=cfg.server_config_from_args(args, env),
+        registry=args.registry,
+        planner=args.planner,
+        slots=args.slots,
+        ttl_seconds=args.ttl,
+        advertise_host=args.advertise_host,
+        work_dir=Path(args.work_dir) if args.work_dir else None,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main("executor", parse_config, serve, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""Entry point of the planner: `python -m services.planner.server --etcd HOST:PORT --registry HOST:PORT --profiler HOST:PORT`."""
+
+from __future__ import annotations
+
+import argparse
+
+from omru.v1 import planner_pb2, planner_pb2_grpc
+from services.common import config as cfg
+from services.common.server import RunningServer, Service, run_main, serve_forever, service_name, start_server
+from services.planner.servicer import PlannerServicer
+
+
+async def start(config: cfg.PlannerConfig, servicer=None) -> RunningServer:
+    """Start the planner on config.server (default port 50051; 0 = any)."""
+    servicer = servicer if servicer is not None else PlannerServicer()
+    service = Service(planner_pb2_grpc.add_PlannerServiceServicer_to_server, servicer, service_name(planner_pb2, "PlannerService"))
+    return await start_server(config.server, [service])
+
+
+async def serve(config: cfg.PlannerConfig) -> None:
+    """Run the planner until SIGTERM/SIGINT."""
+    await serve_forever(await start(config), "planner")
+
+
+def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
+    parser = argparse.ArgumentParser(prog="python -m services.planner.server", description=__doc__)
+    cfg.add_server_args(parser, default_port=50051)
+    cfg.add_etcd_args(parser)
+    parser.add_argument("--registry", required=True, help="registry address host:port")
+    parser.add_argument("--profiler", required=True, help="profiler address host:port")
+    parser.add_argument("--policy", default="omru-ga", help="default planning policy")
+    args = parser.parse_args(argv)
+    return cfg.PlannerConfig(
+        server=cfg.server_config_from_args(args, env),
+        etcd=cfg.etcd_config_from_args(args),
+        registry=args.registry,
+        profiler=args.profiler,
+        policy=args.policy,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main("planner", parse_config, serve, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,39 @@
+"""Entry point of the profiler: `python -m services.profiler.server --etcd HOST:PORT --registry HOST:PORT`."""
+
+from __future__ import annotations
+
+import argparse
+
+from omru.v1 import profiler_pb2, profiler_pb2_grpc
+from services.common import config as cfg
+from services.common.server import RunningServer, Service, run_main, serve_forever, service_name, start_server
+from services.profiler.servicer import ProfilerServicer
+
+
+async def start(config: cfg.ProfilerConfig, servicer=None) -> RunningServer:
+    """Start the profiler on config.server (port 0 = any)."""
+    servicer = servicer if servicer is not None else ProfilerServicer()
+    service = Service(profiler_pb2_grpc.add_ProfilerServiceServicer_to_server, servicer, service_name(profiler_pb2, "ProfilerService"))
+    return await start_server(config.server, [service])
+
+
+async def serve(config: cfg.ProfilerConfig) -> None:
+    """Run the profiler until SIGTERM/SIGINT."""
+    await serve_forever(await start(config), "profiler")
+
+
+def parse_config(argv: list[str] | None, env) -> cfg.ProfilerConfig:
+    parser = argparse.ArgumentParser(prog="python -m services.profiler.server", description=__doc__)
+    cfg.add_server_args(parser)
+    cfg.add_etcd_args(parser)
+    parser.add_argument("--registry", required=True, help="registry address host:port")
+    args = parser.parse_args(argv)
+    return cfg.ProfilerConfig(server=cfg.server_config_from_args(args, env), etcd=cfg.etcd_config_from_args(args), registry=args.registry)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main("profiler", parse_config, serve, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

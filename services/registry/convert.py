@@ -1,0 +1,109 @@
+"""Conversions of the registry: etcd keys and values <-> omru.v1 messages,
+etcd watch batches -> WatchClusterResponse.
+
+Layout under the OMRU prefix (values are the serialized messages):
+  nodes/<node_id>                 Node      bound to the node's lease
+  claims/<node_id>/<index:05d>    GpuClaim  bound to the node's lease
+  jobs/<job_id>                   Job
+"""
+
+from __future__ import annotations
+
+from omru.v1 import common_pb2, registry_pb2
+from services.common.etcd import Kv, Resync, WatchBatch, WatchEvent
+
+NODES = "nodes/"
+CLAIMS = "claims/"
+JOBS = "jobs/"
+Kind = registry_pb2.ClusterEventKind
+
+
+def node_key(node_id: str) -> str:
+    return f"{NODES}{node_id}"
+
+
+def claim_key(node_id: str, index: int) -> str:
+    return f"{CLAIMS}{node_id}/{index:05d}"
+
+
+def job_key(job_id: str) -> str:
+    return f"{JOBS}{job_id}"
+
+
+def claim_prefix(node_id: str) -> str:
+    return f"{CLAIMS}{node_id}/"
+
+
+def gpu_from_claim_key(key: str) -> common_pb2.GpuRef:
+    node_id, _, index = key[len(CLAIMS) :].rpartition("/")
+    return common_pb2.GpuRef(node_id=node_id, index=int(index))
+
+
+def encode(message) -> bytes:
+    return message.SerializeToString(deterministic=True)
+
+
+def node_from_kv(kv: Kv) -> registry_pb2.Node:
+    node = registry_pb2.Node.FromString(kv.value)
+    node.revision = kv.mod_revision
+    return node
+
+
+def claim_from_kv(kv: Kv) -> registry_pb2.GpuClaim:
+    claim = registry_pb2.GpuClaim.FromString(kv.value)
+    claim.revision = kv.mod_revision
+    return claim
+
+
+def job_from_kv(kv: Kv) -> registry_pb2.Job:
+    job = registry_pb2.Job.FromString(kv.value)
+    job.revision = kv.mod_revision
+    return job
+
+
+def gpu_name(gpu: common_pb2.GpuRef) -> str:
+    """"node:index", as error messages name a GPU."""
+    return f"{gpu.node_id}:{gpu.index}"
+
+
+def cluster_event(event: WatchEvent) -> registry_pb2.ClusterEvent | None:
+    """The ClusterEvent of one etcd change (None for keys the registry does not own)."""
+    rev = event.revision
+    put = event.kind == "put"
+    data = event.value if put else event.prev_value
+    if event.key.startswith(NODES):
+        node = registry_pb2.Node.FromString(data) if data else registry_pb2.Node(node_id=event.key[len(NODES) :])
+        if put:
+            node.revision = rev
+            kind = Kind.CLUSTER_EVENT_KIND_NODE_ADDED if event.prev_value is None else Kind.CLUSTER_EVENT_KIND_NODE_UPDATED
+        else:
+            kind = Kind.CLUSTER_EVENT_KIND_NODE_REMOVED
+        return registry_pb2.ClusterEvent(revision=rev, kind=kind, node=node)
+    if event.key.startswith(CLAIMS):
+        claim = registry_pb2.GpuClaim.FromString(data) if data else registry_pb2.GpuClaim(gpu=gpu_from_claim_key(event.key))
+        if put:
+            claim.revision = rev
+        kind = Kind.CLUSTER_EVENT_KIND_GPU_CLAIMED if put else Kind.CLUSTER_EVENT_KIND_GPU_RELEASED
+        return registry_pb2.ClusterEvent(revision=rev, kind=kind, claim=claim)
+    if event.key.startswith(JOBS) and put:
+        job = registry_pb2.Job.FromString(data)
+        job.revision = rev
+        return registry_pb2.ClusterEvent(revision=rev, kind=Kind.CLUSTER_EVENT_KIND_JOB_UPDATED, job=job)
+    return None
+
+
+def state_event(kv: Kv) -> registry_pb2.ClusterEvent | None:
+    """The ClusterEvent that recreates one stored record (after a resync)."""
+    return cluster_event(WatchEvent("put", kv.key, kv.value, None, kv.mod_revision))
+
+
+def watch_response(item: WatchBatch | Resync) -> registry_pb2.WatchClusterResponse | None:
+    """The response for one watch batch or resync (None when nothing of the registry changed)."""
+    if isinstance(item, Resync):
+        events = [registry_pb2.ClusterEvent(revision=item.revision, kind=Kind.CLUSTER_EVENT_KIND_RESYNC)]
+        events += [e for e in map(state_event, item.kvs) if e is not None]
+        return registry_pb2.WatchClusterResponse(revision=item.revision, events=events)
+    events = [e for e in map(cluster_event, item.events) if e is not None]
+    if not events:
+        return None
+    return registry_pb2.WatchClusterResponse(revision=item.revision, events=events)

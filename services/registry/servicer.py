@@ -1,0 +1,151 @@
+"""RegistryService: thin gRPC layer over RegistryStore.
+
+Validates the request (INVALID_ARGUMENT naming the field, before anything is
+read or written), calls the store, maps RegistryError kinds and etcd
+outages to status codes.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import grpc
+
+from omru.v1 import common_pb2, registry_pb2, registry_pb2_grpc
+from services.common.errors import abort_invalid, grpc_errors
+from services.registry import validation as v
+from services.registry.store import RegistryError, RegistryStore
+
+_CODES = {
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
+    "aborted": grpc.StatusCode.ABORTED,
+    "already_exists": grpc.StatusCode.ALREADY_EXISTS,
+}
+
+
+def _registry_errors(method):
+    """RegistryError -> its status code; etcd outage -> UNAVAILABLE."""
+    if inspect.isasyncgenfunction(method):
+        return grpc_errors(method)
+
+    @functools.wraps(method)
+    async def unary(self, request, context):
+        try:
+            return await method(self, request, context)
+        except RegistryError as exc:
+            await context.abort(_CODES[exc.kind], str(exc))
+
+    return grpc_errors(unary)
+
+
+async def _check(context, *problems: v.Problem) -> None:
+    for problem in problems:
+        if problem:
+            await abort_invalid(context, *problem)
+
+
+class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
+    """omru.v1.RegistryService on etcd."""
+
+    def __init__(self, store: RegistryStore, max_ttl_seconds: int = 3600) -> None:
+        self.store = store
+        self.max_ttl = max_ttl_seconds
+
+    @_registry_errors
+    async def RegisterNode(self, request, context):
+        ttl_problem = None
+        if not 1 <= request.ttl_seconds <= self.max_ttl:
+            ttl_problem = ("ttl_seconds", f"{request.ttl_seconds} is not in 1..{self.max_ttl}")
+        await _check(
+            context,
+            v.id_problem("node_id", request.node_id),
+            v.address_problem("address", request.address),
+            v.gpu_infos_problem("gpus", request.gpus),
+            ttl_problem,
+        )
+        node = await self.store.register_node(request.node_id, request.address, list(request.gpus), request.ttl_seconds)
+        return registry_pb2.RegisterNodeResponse(lease_id=node.lease_id, node=node)
+
+    @_registry_errors
+    async def KeepAliveNode(self, request, context):
+        await _check(
+            context,
+            v.id_problem("node_id", request.node_id),
+            ("lease_id", "is required") if request.lease_id <= 0 else None,
+        )
+        ttl = await self.store.keep_alive(request.node_id, request.lease_id)
+        return registry_pb2.KeepAliveNodeResponse(ttl_seconds=ttl)
+
+    @_registry_errors
+    async def DeregisterNode(self, request, context):
+        await _check(context, v.id_problem("node_id", request.node_id))
+        return registry_pb2.DeregisterNodeResponse(removed=await self.store.deregister_node(request.node_id))
+
+    @_registry_errors
+    async def GetNode(self, request, context):
+        await _check(context, v.id_problem("node_id", request.node_id))
+        return registry_pb2.GetNodeResponse(node=await self.store.get_node(request.node_id))
+
+    @_registry_errors
+    async def ListNodes(self, request, context):
+        nodes, revision = await self.store.list_nodes()
+        return registry_pb2.ListNodesResponse(nodes=nodes, revision=revision)
+
+    @_registry_errors
+    async def ClaimGpus(self, request, context):
+        await _check(context, v.id_problem("job_id", request.job_id), v.gpu_refs_problem("gpus", request.gpus))
+        claims, revision = await self.store.claim(request.job_id, list(request.gpus))
+        return registry_pb2.ClaimGpusResponse(claims=claims, revision=revision)
+
+    @_registry_errors
+    async def ReleaseGpus(self, request, context):
+        await _check(context, v.id_problem("job_id", request.job_id), v.gpu_refs_problem("gpus", request.gpus, required=False))
+        released, revision = await self.store.release(request.job_id, list(request.gpus))
+        return registry_pb2.ReleaseGpusResponse(released=released, revision=revision)
+
+    @_registry_errors
+    async def ListClaims(self, request, context):
+        if request.job_id:
+            await _check(context, v.id_problem("job_id", request.job_id))
+        claims, revision = await self.store.list_claims(request.job_id)
+        return registry_pb2.ListClaimsResponse(claims=claims, revision=revision)
+
+    @_registry_errors
+    async def PutJob(self, request, context):
+        await _check(context, ("spec", "is required") if not request.HasField("spec") else None, v.job_spec_problem(request.spec))
+        job, created = await self.store.put_job(request.spec)
+        return registry_pb2.PutJobResponse(job=job, created=created)
+
+    @_registry_errors
+    async def GetJob(self, request, context):
+        await _check(context, v.id_problem("job_id", request.job_id))
+        return registry_pb2.GetJobResponse(job=await self.store.get_job(request.job_id))
+
+    @_registry_errors
+    async def ListJobs(self, request, context):
+        jobs, revision = await self.store.list_jobs()
+        return registry_pb2.ListJobsResponse(jobs=jobs, revision=revision)
+
+    @_registry_errors
+    async def UpdateJobState(self, request, context):
+        state_problem = None
+        if request.state == common_pb2.JOB_STATE_UNSPECIFIED or request.state not in common_pb2.JobState.values():
+            state_problem = ("state", f"{request.state} is not a job state")
+        await _check(
+            context,
+            v.id_problem("job_id", request.job_id),
+            state_problem,
+            ("expected_revision", f"{request.expected_revision} is negative") if request.expected_revision < 0 else None,
+            ("epochs_done", f"{request.epochs_done} is negative") if request.epochs_done < 0 else None,
+            ("world_size", f"{request.world_size} is negative") if request.world_size < 0 else None,
+            ("accuracy", f"{request.accuracy} is not in 0..1") if not 0 <= request.accuracy <= 1 else None,
+        )
+        return registry_pb2.UpdateJobStateResponse(job=await self.store.update_job_state(request))
+
+    @_registry_errors
+    async def WatchCluster(self, request, context):
+        await _check(context, ("after_revision", f"{request.after_revision} is negative") if request.after_revision < 0 else None)
+        async for response in self.store.watch(request.after_revision):
+            yield response

@@ -1,0 +1,202 @@
+"""Registry operations on etcd, in terms of omru.v1 messages.
+
+Input is validated by the servicer first; what can only be known from the
+stored state raises `RegistryError` with a kind the servicer maps to a gRPC
+code ("not_found", "failed_precondition", "aborted", "already_exists").
+"""
+
+from __future__ import annotations
+
+import time
+from typing import AsyncIterator, Sequence
+
+from omru.v1 import common_pb2, registry_pb2
+from services.common.etcd import EtcdStore, LeaseNotFound
+from services.registry import convert, jobstates
+from services.registry.convert import claim_key, encode, gpu_name, job_key, node_key
+
+_STATE_PREFIX = "JOB_STATE_"
+
+
+class RegistryError(Exception):
+    """A request that the stored state refuses; kind names the gRPC code."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def state_name(state: int) -> str:
+    return common_pb2.JobState.Name(state)[len(_STATE_PREFIX) :]
+
+
+class RegistryStore:
+    """Nodes, GPU claims and jobs in etcd."""
+
+    def __init__(self, etcd: EtcdStore, clock=time.time) -> None:
+        self.etcd = etcd
+        self._clock = clock
+
+    # --- nodes -------------------------------------------------------------
+
+    async def register_node(self, node_id: str, address: str, gpus: Sequence[common_pb2.GpuInfo], ttl: int) -> registry_pb2.Node:
+        """Store the node under a fresh lease (an older registration is revoked first)."""
+        old = await self.etcd.get(node_key(node_id))
+        if old is not None:
+            await self.etcd.revoke_lease(old.lease)
+        lease_id = await self.etcd.grant_lease(ttl)
+        node = registry_pb2.Node(
+            node_id=node_id, address=address, gpus=sorted(gpus, key=lambda g: g.index),
+            lease_id=lease_id, ttl_seconds=ttl, registered_unix_s=self._clock(),
+        )
+        node.revision = await self.etcd.put(node_key(node_id), encode(node), lease=lease_id)
+        return node
+
+    async def keep_alive(self, node_id: str, lease_id: int) -> int:
+        """Refresh the node's lease; returns the TTL. not_found when the node or lease is gone."""
+        node = await self.get_node(node_id)
+        if node.lease_id != lease_id:
+            raise RegistryError("not_found", f"lease_id {lease_id} is not the lease of node_id {node_id!r} (register again)")
+        ttl = await self.etcd.refresh_lease(lease_id)
+        if ttl <= 0:
+            raise RegistryError("not_found", f"lease_id {lease_id} of node_id {node_id!r} expired (register again)")
+        return ttl
+
+    async def deregister_node(self, node_id: str) -> bool:
+        """Revoke the node's lease (node and claims vanish); False when it was gone."""
+        kv = await self.etcd.get(node_key(node_id))
+        if kv is None:
+            return False
+        return await self.etcd.revoke_lease(kv.lease)
+
+    async def get_node(self, node_id: str) -> registry_pb2.Node:
+        kv = await self.etcd.get(node_key(node_id))
+        if kv is None:
+            raise RegistryError("not_found", f"node_id {node_id!r} not found")
+        return convert.node_from_kv(kv)
+
+    async def list_nodes(self) -> tuple[list[registry_pb2.Node], int]:
+        kvs, revision = await self.etcd.list(convert.NODES)
+        return [convert.node_from_kv(kv) for kv in kvs], revision
+
+    # --- GPU claims ----------------------------------------------------------
+
+    async def claim(self, job_id: str, gpus: Sequence[common_pb2.GpuRef]) -> tuple[list[registry_pb2.GpuClaim], int]:
+        """Claim every GPU for the job, all or nothing (GPUs it holds already count as claimed)."""
+        leases: dict[str, int] = {}
+        nodes: dict[str, registry_pb2.Node] = {}
+        for i, gpu in enumerate(gpus):
+            if gpu.node_id not in nodes:
+                kv = await self.etcd.get(node_key(gpu.node_id))
+                if kv is None:
+                    raise RegistryError("not_found", f"gpus[{i}].node_id {gpu.node_id!r} not found")
+                nodes[gpu.node_id] = convert.node_from_kv(kv)
+            node = nodes[gpu.node_id]
+            if gpu.index not in {g.index for g in node.gpus}:
+                raise RegistryError("not_found", f"gpus[{i}].index {gpu.index} not on node {gpu.node_id!r}")
+            leases[claim_key(gpu.node_id, gpu.index)] = node.lease_id
+        now = self._clock()
+        wanted = {claim_key(g.node_id, g.index): g for g in gpus}
+        held: dict[str, registry_pb2.GpuClaim] = {}
+        for _ in range(len(wanted) + 1):
+            todo = {k: g for k, g in wanted.items() if k not in held}
+            items = {k: encode(registry_pb2.GpuClaim(gpu=g, job_id=job_id, claimed_unix_s=now)) for k, g in todo.items()}
+            try:
+                result = await self.etcd.create(items, lease={k: leases[k] for k in items}) if items else None
+            except LeaseNotFound as exc:
+                raise RegistryError("not_found", f"a node of gpus left while claiming: {exc}") from exc
+            if result is None or result.succeeded:
+                revision = result.revision if result else await self.etcd.revision()
+                for k, g in todo.items():
+                    held[k] = registry_pb2.GpuClaim(gpu=g, job_id=job_id, claimed_unix_s=now, revision=revision)
+                return [held[k] for k in wanted], revision
+            owners = {kv.key: convert.claim_from_kv(kv) for kv in result.existing}
+            for key in wanted:  # request order: name the first GPU another job holds
+                if key in owners and owners[key].job_id != job_id:
+                    raise RegistryError(
+                        "failed_precondition",
+                        f"gpu {gpu_name(wanted[key])} is claimed by job {owners[key].job_id!r}",
+                    )
+            held.update(owners)  # ours already: claim only the rest
+        raise RegistryError("aborted", "claims kept changing; retry")
+
+    async def release(self, job_id: str, gpus: Sequence[common_pb2.GpuRef]) -> tuple[list[common_pb2.GpuRef], int]:
+        """Delete the job's claims on gpus (all of the job's claims when empty)."""
+        kvs, revision = await self.etcd.list(convert.CLAIMS)
+        keys = {claim_key(g.node_id, g.index) for g in gpus}
+        released: list[common_pb2.GpuRef] = []
+        for kv in kvs:
+            claim = convert.claim_from_kv(kv)
+            if claim.job_id != job_id or (keys and kv.key not in keys):
+                continue
+            result = await self.etcd.delete(kv.key, mod_revision=kv.mod_revision)
+            if result.succeeded:
+                released.append(claim.gpu)
+                revision = result.revision
+        return released, revision
+
+    async def list_claims(self, job_id: str = "") -> tuple[list[registry_pb2.GpuClaim], int]:
+        kvs, revision = await self.etcd.list(convert.CLAIMS)
+        claims = [convert.claim_from_kv(kv) for kv in kvs]
+        return [c for c in claims if not job_id or c.job_id == job_id], revision
+
+    # --- jobs ----------------------------------------------------------------
+
+    async def put_job(self, spec: common_pb2.JobSpec) -> tuple[registry_pb2.Job, bool]:
+        """Store a new PENDING job; (stored job, created). Same spec again: not created."""
+        job = registry_pb2.Job(spec=spec, state=common_pb2.JOB_STATE_PENDING, updated_unix_s=self._clock())
+        result = await self.etcd.cas(job_key(spec.job_id), encode(job), mod_revision=0)
+        if result.succeeded:
+            job.revision = result.revision
+            return job, True
+        if not result.existing:
+            raise RegistryError("aborted", f"job_id {spec.job_id!r} changed while storing; retry")
+        stored = convert.job_from_kv(result.existing[0])
+        if stored.spec != spec:
+            raise RegistryError("already_exists", f"job_id {spec.job_id!r} exists with a different spec")
+        return stored, False
+
+    async def get_job(self, job_id: str) -> registry_pb2.Job:
+        kv = await self.etcd.get(job_key(job_id))
+        if kv is None:
+            raise RegistryError("not_found", f"job_id {job_id!r} not found")
+        return convert.job_from_kv(kv)
+
+    async def list_jobs(self) -> tuple[list[registry_pb2.Job], int]:
+        kvs, revision = await self.etcd.list(convert.JOBS)
+        return [convert.job_from_kv(kv) for kv in kvs], revision
+
+    async def update_job_state(self, request: registry_pb2.UpdateJobStateRequest) -> registry_pb2.Job:
+        """Move the job to request.state (compare-and-swap on its revision)."""
+        job = await self.get_job(request.job_id)
+        if request.expected_revision and request.expected_revision != job.revision:
+            raise RegistryError(
+                "aborted",
+                f"expected_revision {request.expected_revision} is stale: job {request.job_id!r} is at revision {job.revision}",
+            )
+        current, new = state_name(job.state), state_name(request.state)
+        if not jobstates.can_move(current, new):
+            raise RegistryError("failed_precondition", f"state {new} not allowed for job {request.job_id!r} in state {current}")
+        updated = registry_pb2.Job()
+        updated.CopyFrom(job)
+        updated.ClearField("revision")
+        updated.state = request.state
+        updated.message = request.message
+        updated.epochs_done = request.epochs_done
+        updated.world_size = request.world_size
+        updated.accuracy = request.accuracy
+        updated.updated_unix_s = self._clock()
+        result = await self.etcd.cas(job_key(request.job_id), encode(updated), mod_revision=job.revision)
+        if not result.succeeded:
+            raise RegistryError("aborted", f"job {request.job_id!r} changed concurrently (revision {job.revision}); read it again")
+        updated.revision = result.revision
+        return updated
+
+    # --- watch ---------------------------------------------------------------
+
+    async def watch(self, after_revision: int) -> AsyncIterator[registry_pb2.WatchClusterResponse]:
+        """Every registry change after after_revision (0 = from now), one response per revision."""
+        async for item in self.etcd.watch("", after_revision):
+            response = convert.watch_response(item)
+            if response is not None:
+                yield response

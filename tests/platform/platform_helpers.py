@@ -1,0 +1,74 @@
+"""Builders and small async helpers for the platform tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from omru.v1 import common_pb2, registry_pb2
+
+
+def gpu(node_id: str, index: int) -> common_pb2.GpuRef:
+    return common_pb2.GpuRef(node_id=node_id, index=index)
+
+
+def cpu_slots(n: int) -> list[common_pb2.GpuInfo]:
+    return [common_pb2.GpuInfo(index=i, kind="cpu") for i in range(n)]
+
+
+def register_request(node_id: str = "node-a", slots: int = 2, ttl: int = 5, port: int = 4000) -> registry_pb2.RegisterNodeRequest:
+    return registry_pb2.RegisterNodeRequest(node_id=node_id, address=f"127.0.0.1:{port}", gpus=cpu_slots(slots), ttl_seconds=ttl)
+
+
+def job_spec(job_id: str = "job-1", **overrides) -> common_pb2.JobSpec:
+    fields = dict(job_id=job_id, model="mlp", dataset="digits", epochs=2, batch_size=16, base_lr=0.1, base_batch=16, seed=1)
+    fields.update(overrides)
+    return common_pb2.JobSpec(**fields)
+
+
+async def rpc_error(call) -> grpc.aio.AioRpcError:
+    """The AioRpcError an awaited call raises (AssertionError when it succeeds)."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        return exc
+    raise AssertionError("call succeeded, expected an error")
+
+
+class Collector:
+    """Reads a WatchCluster stream in the background into a list of events."""
+
+    def __init__(self, call) -> None:
+        self.call = call
+        self.responses: list[registry_pb2.WatchClusterResponse] = []
+        self.error: BaseException | None = None
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        try:
+            async for response in self.call:
+                self.responses.append(response)
+        except BaseException as exc:  # the test inspects it
+            self.error = exc
+
+    @property
+    def events(self) -> list[registry_pb2.ClusterEvent]:
+        return [e for r in self.responses for e in r.events]
+
+    async def wait_for(self, predicate, timeout: float = 10.0) -> registry_pb2.ClusterEvent:
+        """The first event matching predicate, waiting up to timeout seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for event in self.events:
+                if predicate(event):
+                    return event
+            if self.task.done():
+                raise AssertionError(f"watch ended ({self.error!r}) before the event came")
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"no matching event within {timeout} s; got {[registry_pb2.ClusterEventKind.Name(e.kind) for e in self.events]}")
+
+    async def close(self) -> None:
+        self.call.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
