@@ -144,6 +144,11 @@ class PlanningInput:
             seen.add(job.id)
         G = self.cluster.gpus
         for job in self.jobs:
+            if job.max_gpus < G:
+                raise PlanningError(
+                    f"the cluster has {G} GPUs, more than the profile of job {job.id!r} covers "
+                    f"(up to {job.max_gpus} GPUs)"
+                )
             missing = [g for g in range(1, G + 1) if g not in job.profile]
             if missing:
                 raise PlanningError(

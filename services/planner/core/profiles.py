@@ -26,7 +26,13 @@ def load_csv(path: str | Path, task: str | None = None) -> list[Job]:
 
 
 def parse_csv(text: str, task: str | None = None, source: str = "profiles") -> list[Job]:
-    rows = csv.DictReader(io.StringIO("\n".join(l for l in text.splitlines() if not l.startswith("#"))))
+    # Leading comment lines are dropped (and counted), later ones become blank
+    # lines (csv skips them), so the line numbers in messages stay true.
+    lines = ["" if line.lstrip().startswith("#") else line for line in text.splitlines()]
+    skipped = 0
+    while skipped < len(lines) and not lines[skipped].strip():
+        skipped += 1
+    rows = csv.DictReader(io.StringIO("\n".join(lines[skipped:])))
     header = rows.fieldnames or []
     missing = [c for c in REQUIRED if c not in header]
     if missing:
@@ -37,7 +43,7 @@ def parse_csv(text: str, task: str | None = None, source: str = "profiles") -> l
     times: dict[str, dict[int, float]] = {}
     tasks: set[str] = set()
     for row in rows:
-        where = f"{source} line {rows.line_num}"
+        where = f"{source} line {rows.line_num + skipped}"
         if None in row or any(row.get(c) is None for c in REQUIRED):
             raise PlanningError(f"{where}: expected {len(header)} fields")
         if "task" in header:

@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass
 
 from services.planner.core import placement
-from services.planner.core.model import Plan, PlanningInput, Segment
+from services.planner.core.model import Plan, PlanningError, PlanningInput, Segment
 from services.planner.core.registry import register
 
 
@@ -241,15 +241,14 @@ def genetic_search(
 
 def _ga_policy(name: str, reuse: bool):
     def policy(problem: PlanningInput) -> Plan:
-        tab = _Tables(problem)
         opts = problem.options
-        best = genetic_search(
-            tab,
-            reuse,
-            population=int(opts.get("population", 50)),
-            generations=int(opts.get("generations", 1000)),
-            seed=problem.seed,
-        )
+        population, generations = opts.get("population", 50), opts.get("generations", 1000)
+        if not (isinstance(population, int) and population >= 2):
+            raise PlanningError(f"{name}: population must be an integer >= 2, got {population!r}")
+        if not (isinstance(generations, int) and generations >= 0):
+            raise PlanningError(f"{name}: generations must be an integer >= 0, got {generations!r}")
+        tab = _Tables(problem)
+        best = genetic_search(tab, reuse, population=population, generations=generations, seed=problem.seed)
         return _to_plan(name, problem, tab, decode(tab, best, reuse)[1])
 
     policy.__name__ = name.replace("-", "_")

@@ -1,0 +1,65 @@
+"""Builders for planner-core tests: jobs, problems, random instances, the example data."""
+
+from __future__ import annotations
+
+import csv
+import random
+from pathlib import Path
+
+from services.planner.core import profiles
+from services.planner.core.model import Cluster, Job, PlanningInput
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "profiles"
+PROFILES_CSV = EXAMPLES / "v100_epoch_times.csv"
+REFERENCE_CSV = EXAMPLES / "reference_results.csv"
+
+ALL_POLICIES = ("sequential", "parallel", "optimus", "omru-noreuse", "omru-ga")
+# Policies that never change a running job's GPU count (LB_static applies).
+STATIC_POLICIES = ("sequential", "parallel", "optimus", "omru-noreuse")
+
+
+def job(id: str, epochs: int, *times: float) -> Job:
+    """A job whose epoch time on g GPUs is times[g - 1]."""
+    return Job(id, epochs, {g: t for g, t in enumerate(times, start=1)})
+
+
+def problem(jobs, gpus: int, gpus_per_node: int | None = None, seed: int = 0, **options) -> PlanningInput:
+    return PlanningInput(tuple(jobs), Cluster.of(gpus, gpus_per_node), seed=seed, options=options)
+
+
+def example_problem(task: str, gpus: int, **kw) -> PlanningInput:
+    return problem(profiles.load_csv(PROFILES_CSV, task=task), gpus, **kw)
+
+
+def reference_rows() -> list[dict]:
+    with REFERENCE_CSV.open() as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def random_jobs(rng: random.Random, n: int, gpus: int, monotone: bool) -> list[Job]:
+    """n jobs with epoch times on 1..gpus GPUs: monotone (more GPUs never slower,
+    sublinear speed-up) or not (random bumps, some counts slower than fewer)."""
+    jobs = []
+    for i in range(n):
+        t1 = rng.uniform(5.0, 500.0)
+        alpha = rng.uniform(0.3, 1.0)  # speed-up exponent
+        times, prev = [], t1
+        for g in range(1, gpus + 1):
+            t = t1 / g**alpha
+            if monotone:
+                t = min(t, prev)
+            else:
+                t *= rng.uniform(0.7, 1.6)
+            times.append(t)
+            prev = t
+        jobs.append(job(f"job{i}", rng.randint(1, 300), *times))
+    return jobs
+
+
+def random_shape(seed: int) -> tuple[int, int, int, bool]:
+    """(jobs 1..20, GPUs 1..64, GPUs per node dividing them, monotone?) from a seed."""
+    rng = random.Random(seed)
+    n = rng.randint(1, 20)
+    gpus = rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, rng.randint(1, 64)])
+    per_node = rng.choice([k for k in (1, 2, 3, 4, 8, gpus) if gpus % k == 0])
+    return n, gpus, per_node, bool(seed % 2)
