@@ -1,0 +1,114 @@
+"""`omru simulate`: output on the paper's data, and bad input -> exit 2 with the problem named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core_builders import PROFILES_CSV
+from omru.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD_ROWS = "job,epochs,gpus,epoch_seconds\na,10,1,4.0\na,10,2,2.5\nb,5,1,3.0\nb,5,2,2.0\n"
+# Job a has times on 1 and 3 GPUs, not on 2.
+GAP_ROWS = GOOD_ROWS.replace("a,10,2,2.5\n", "") + "a,10,3,2.0\nb,5,3,1.5\n"
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["simulate", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def csv_file(tmp_path, text: str) -> Path:
+    path = tmp_path / "profiles.csv"
+    path.write_text(text)
+    return path
+
+
+def test_json_output_has_the_documented_keys_and_the_reference_makespan(capsys):
+    code, out, _ = run(capsys, "--profiles", PROFILES_CSV, "--task", "image", "--gpus", 8, "--policy", "omru-ga", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert set(result) == {
+        "policy", "gpus", "jobs", "makespan_s", "utilization", "reference_utilization",
+        "lower_bounds", "plan_seconds", "segments",
+    }
+    assert set(result["lower_bounds"]) == {"length_s", "area_s", "fluid_s", "static_s"}
+    assert (result["policy"], result["gpus"], result["jobs"]) == ("omru-ga", 8, 6)
+    assert round(result["makespan_s"] / 60) == 135
+    assert result["reference_utilization"] == pytest.approx(0.97996, abs=1e-4)
+    assert result["makespan_s"] >= result["lower_bounds"]["fluid_s"]
+    assert set(result["segments"][0]) == {"job", "start_s", "end_s", "gpus", "epochs"}
+    epochs = {}
+    for s in result["segments"]:
+        epochs[s["job"]] = epochs.get(s["job"], 0) + s["epochs"]
+    assert epochs == dict.fromkeys(("alexnet", "resnet50", "resnext50", "seresnet101", "googlenet", "vgg16"), 200)
+
+
+def test_human_output_shows_the_table_makespan_utilisation_and_bounds(capsys, tmp_path):
+    code, out, _ = run(capsys, "--profiles", csv_file(tmp_path, GOOD_ROWS), "--gpus", 2, "--gpus-per-node", 1,
+                       "--policy", "sequential")
+    assert code == 0
+    for word in ("makespan", "utilisation", "fluid", "static", "length", "area"):
+        assert word in out
+    assert out.count("\na ") + out.count("\nb ") == 2  # one row per segment
+
+
+@pytest.mark.parametrize(
+    "text, args, message",
+    [
+        (GAP_ROWS, ("--gpus", 3), "job 'a' has no epoch time for 2 GPUs"),
+        (GOOD_ROWS.replace("a,10,2,2.5", "a,10,2,-1"), ("--gpus", 2), "epoch_seconds must be positive, got '-1'"),
+        (GOOD_ROWS.replace("a,10,2,2.5", "a,10,2,0"), ("--gpus", 2), "epoch_seconds must be positive"),
+        (GOOD_ROWS.replace("b,5,", "b,0,"), ("--gpus", 2), "epochs must be positive, got '0'"),
+        (GOOD_ROWS, ("--gpus", 4), "the cluster has 4 GPUs, more than the profile of job 'a' covers (up to 2"),
+        (GOOD_ROWS, ("--gpus", 2, "--policy", "fastest"), "unknown policy 'fastest'"),
+        ("job,epochs,gpu,seconds\na,1,1,2\n", ("--gpus", 1), "missing column(s) gpus, epoch_seconds"),
+        (GOOD_ROWS + "b,5,3\n", ("--gpus", 2), "line 6: expected 4 fields"),
+        (GOOD_ROWS + "b,5,3,2,9\n", ("--gpus", 2), "line 6: expected 4 fields"),
+        (GOOD_ROWS.replace("a,10,1,4.0", "a,10,one,4.0"), ("--gpus", 2), "line 2: gpus 'one' is not an integer"),
+        (GOOD_ROWS.replace("b,5,1,3.0", "b,6,1,3.0"), ("--gpus", 2), "job 'b' has epochs 5 here but 6 earlier"),
+        ("", ("--gpus", 2), "missing column(s)"),
+        (GOOD_ROWS, ("--gpus", 2, "--task", "image"), "no 'task' column"),
+        (GOOD_ROWS, ("--gpus", 2, "--gpus-per-node", 3), "not a multiple of gpus per node (3)"),
+        (GOOD_ROWS, ("--gpus", 0), "gpus must be a positive integer, got 0"),
+    ],
+    ids=["missing-gpu-count", "negative-time", "zero-time", "zero-epochs", "gpus-beyond-profile",
+         "unknown-policy", "missing-columns", "short-row", "long-row", "not-a-number",
+         "inconsistent-epochs", "empty-file", "task-without-column", "nodes-do-not-divide", "zero-gpus"],
+)
+def test_bad_input_exits_2_with_one_line_naming_the_problem(capsys, tmp_path, text, args, message):
+    argv = ["--profiles", csv_file(tmp_path, text), *args]
+    if "--policy" not in args:
+        argv += ["--policy", "omru-ga"]
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert out == ""
+
+
+def test_unreadable_profiles_file_exits_2_naming_the_path(capsys, tmp_path):
+    code, _, err = run(capsys, "--profiles", tmp_path / "nope.csv", "--gpus", 2, "--policy", "sequential")
+    assert code == 2 and "nope.csv" in err
+
+
+def test_unknown_task_names_the_tasks_there_are(capsys):
+    code, _, err = run(capsys, "--profiles", PROFILES_CSV, "--task", "audio", "--gpus", 2, "--policy", "sequential")
+    assert code == 2 and "no rows for task 'audio' (tasks: action, image)" in err
+
+
+def test_the_installed_command_reports_bad_input_without_a_traceback(tmp_path):
+    bad = csv_file(tmp_path, GAP_ROWS)
+    proc = subprocess.run(
+        [sys.executable, "-m", "omru", "simulate", "--profiles", str(bad), "--gpus", "3", "--policy", "omru-ga"],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "job 'a' has no epoch time for 2 GPUs" in proc.stderr and "Traceback" not in proc.stderr
