@@ -178,11 +178,12 @@ def ownership_conflicts(all_holds: Sequence[Hold]) -> list[tuple[Gpu, Hold, Hold
 
 def figures(events: Sequence[Event], gpus: int, origin_s: float, plan: Sequence[PlannedSegment] = (),
             plan_origin_s: float | None = None, policy: str = "", lower_bound_s: float = 0.0,
-            now_s: float | None = None) -> Figures:
+            now_s: float | None = None, jobs: Sequence[str] = ()) -> Figures:
     """The report's figures from executor events and (optionally) the first plan.
 
     `plan` segments are relative to `plan_origin_s` (default `origin_s`);
     planned finishes and makespan are shifted to be relative to `origin_s`.
+    `jobs` names jobs to list even when no event or segment mentions them.
     """
     if gpus <= 0:
         raise ValueError(f"gpus must be positive, got {gpus}")
@@ -191,7 +192,7 @@ def figures(events: Sequence[Event], gpus: int, origin_s: float, plan: Sequence[
     epochs: dict[str, set[int]] = {}
     accuracy: dict[str, float] = {}
     compute = 0.0
-    job_ids: list[str] = []
+    job_ids: list[str] = list(jobs)
     for e in evs:
         if e.job_id not in job_ids:
             job_ids.append(e.job_id)
@@ -220,7 +221,7 @@ def figures(events: Sequence[Event], gpus: int, origin_s: float, plan: Sequence[
         for (_, a_size), (t, b_size) in zip(sizes, sizes[1:]):
             if a_size != b_size:
                 resizes.append(Resize(j, t - origin_s, a_size, b_size))
-    jobs = tuple(
+    per_job = tuple(
         JobFigures(
             job_id=j, finished=j in finish, epochs_done=len(epochs.get(j, ())), accuracy=accuracy.get(j, 0.0),
             actual_finish_s=finish.get(j, 0.0), planned_finish_s=planned_finish.get(j, 0.0),
@@ -233,7 +234,7 @@ def figures(events: Sequence[Event], gpus: int, origin_s: float, plan: Sequence[
         planned_makespan_s=max(planned_finish.values(), default=0.0),
         utilisation=held / denom if denom > 0 else 0.0,
         compute_utilisation=compute / denom if denom > 0 else 0.0,
-        gpus=gpus, jobs=jobs, resizes=tuple(sorted(resizes, key=lambda r: r.time_s)),
+        gpus=gpus, jobs=per_job, resizes=tuple(sorted(resizes, key=lambda r: r.time_s)),
         policy=policy, lower_bound_s=lower_bound_s)
 
 

@@ -1,9 +1,142 @@
-"""PlannerService servicer (placeholder until its issue fills it in: every RPC answers UNIMPLEMENTED)."""
+"""PlannerService: thin: convert (convert.py), hand to the dispatcher, convert back."""
 
 from __future__ import annotations
 
-from omru.v1 import planner_pb2_grpc
+import asyncio
+import time
+
+import grpc
+
+from omru.v1 import common_pb2, planner_pb2, planner_pb2_grpc
+from services.common.errors import abort, abort_invalid, abort_not_found, grpc_errors
+from services.executor.worker.spec import SpecError
+from services.planner import convert, report
+from services.planner import state as st
+from services.planner.dispatcher import Dispatcher
+from services.planner.state import JobRecord
 
 
 class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
-    """omru.v1.PlannerService; the generated base answers UNIMPLEMENTED for every RPC."""
+    """omru.v1.PlannerService over one `Dispatcher`."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    @grpc_errors
+    async def SubmitJobs(self, request, context):
+        from services.planner.core import registry
+
+        if request.policy and request.policy not in registry.names():
+            await abort_invalid(context, "policy", f"unknown policy {request.policy!r}; known: {', '.join(registry.names())}")
+        if not request.jobs:
+            await abort_invalid(context, "jobs", "is empty")
+        problems, records = await self._validate(request)
+        if problems:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
+        if request.policy:
+            self.dispatcher.policy_in_force = request.policy
+        new = [r for r in records if r is not None]
+        if new:
+            created, existing = await self.dispatcher.submit(new)
+            if not created:  # raced with another submit of the same ids: compare again
+                problems, _ = await self._validate(request)
+                if problems:
+                    await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
+                await self.dispatcher.submit([r for r in new if r.job_id not in existing])
+        return planner_pb2.SubmitJobsResponse(job_ids=[j.job_id for j in request.jobs])
+
+    async def _validate(self, request) -> tuple[list[str], list[JobRecord | None]]:
+        """Every problem of the request (job and field named), and a record per new job (None: stored already)."""
+        hints = {p.job_id: dict(p.epoch_seconds) for p in getattr(request, "profiles", ())}
+        gpus = len(self.dispatcher.live_gpus()) or self.dispatcher.gpu_total
+        problems: list[str] = []
+        records: list[JobRecord | None] = []
+        seen: dict[str, common_pb2.JobSpec] = {}
+        now = time.time()
+        for i, spec in enumerate(request.jobs):
+            where = f"jobs[{i}] ({spec.job_id!r})"
+            try:
+                job = convert.workload_job(spec, hints.get(spec.job_id))
+            except SpecError as exc:
+                problems.append(f"{where}: {exc}")
+                records.append(None)
+                continue
+            if gpus and job.spec.min_gpus > gpus:
+                problems.append(f"{where}: min_gpus: needs {job.spec.min_gpus} GPUs, the cluster has {gpus}")
+            if gpus and job.max_gpus > gpus:
+                problems.append(f"{where}: max_gpus: {job.max_gpus} GPUs asked, the cluster has {gpus}")
+            for g, t in job.profile.items():
+                if g < 1 or not t > 0:
+                    problems.append(f"{where}: profile: {t!r} seconds per epoch on {g} GPUs")
+            if spec.job_id in seen:
+                if seen[spec.job_id] != spec:
+                    problems.append(f"{where}: job_id given twice in the request with different specs")
+                records.append(None)
+                continue
+            seen[spec.job_id] = spec
+            stored = await self.dispatcher.state.job(spec.job_id)
+            if stored is not None:
+                if convert.record_spec(stored) != convert.job_spec(job):
+                    problems.append(f"{where}: job_id already submitted with a different spec")
+                records.append(None)
+                continue
+            records.append(JobRecord(spec=job.spec.to_dict(), max_gpus=job.max_gpus, profile=dict(job.profile),
+                                     state=st.PENDING, submitted_s=now))
+        return problems, records
+
+    @grpc_errors
+    async def CancelJob(self, request, context):
+        if not request.job_id:
+            await abort_invalid(context, "job_id", "is required")
+        r = await self.dispatcher.cancel(request.job_id)
+        if r is None:
+            await abort_not_found(context, "job_id", request.job_id)
+        return planner_pb2.CancelJobResponse(state=common_pb2.JobState.Value(f"JOB_STATE_{r.state}"))
+
+    @grpc_errors
+    async def GetPlan(self, request, context):
+        return planner_pb2.GetPlanResponse(plan=convert.plan(await self.dispatcher.state.plan()))
+
+    @grpc_errors
+    async def WatchJobs(self, request, context):
+        wanted = set(request.job_ids)
+        q = self.dispatcher.watch_jobs()
+        try:
+            version = self.dispatcher.plan_version
+            for r in await self.dispatcher.state.jobs():
+                if (not wanted or r.job_id in wanted) and r.revision > request.after_revision:
+                    yield planner_pb2.WatchJobsResponse(update=convert.job_update(r, version))
+            while True:
+                r = await q.get()
+                if r is not None and (not wanted or r.job_id in wanted) and r.revision > request.after_revision:
+                    yield planner_pb2.WatchJobsResponse(update=convert.job_update(r, self.dispatcher.plan_version))
+        finally:
+            self.dispatcher.unwatch_jobs(q)
+
+    async def WatchDirectives(self, request, context):
+        if not request.node_id:
+            await abort_invalid(context, "node_id", "is required")
+        q = self.dispatcher.watch_directives(request.node_id)
+        try:
+            while True:
+                yield planner_pb2.WatchDirectivesResponse(directive=await q.get())
+        finally:
+            self.dispatcher.unwatch_directives(request.node_id, q)
+
+    @grpc_errors
+    async def GetReport(self, request, context):
+        figures, states = await build_report(self.dispatcher)
+        return planner_pb2.GetReportResponse(report=convert.report_proto(figures, states))
+
+
+async def build_report(d: Dispatcher) -> tuple[report.Figures, dict[str, str]]:
+    """The figures of the batch so far, from the stored executor events and the first plan."""
+    s = d.state
+    events, first, origin, jobs = await asyncio.gather(s.events(), s.first_plan(), s.origin(), s.jobs())
+    origin = origin if origin is not None else time.time()
+    segments = convert.planned_segments(first)
+    figures = report.figures(events, gpus=max(d.gpu_total, 1), origin_s=origin, plan=segments,
+                             plan_origin_s=first["created_unix_s"] if first else None,
+                             policy=first["policy"] if first else d.policy_in_force, now_s=time.time(),
+                             jobs=[r.job_id for r in jobs])
+    return figures, {r.job_id: r.state for r in jobs}

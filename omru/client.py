@@ -1,0 +1,291 @@
+"""Typed client SDK for the OMRU planner: `Client` (asyncio) and `SyncClient` (blocking).
+
+    from omru import workload
+    from omru.client import SyncClient
+
+    with SyncClient("127.0.0.1:50051") as c:
+        ids = c.submit(workload.load("examples/demo.yaml"))
+        for update in c.watch(until_done=True):
+            print(update.job_id, update.state, update.epochs_done)
+        print(c.report().makespan_s)
+
+Every unary call has a deadline (`deadline_s`, default 10 s); watches run
+until the caller stops them (or, with ``until_done``, until every watched job
+is in a terminal state). Errors surface as `grpc.aio.AioRpcError` / the
+status code the planner chose (INVALID_ARGUMENT names each bad value).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterator, Sequence
+
+TERMINAL = ("FINISHED", "FAILED", "CANCELLED")
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """Where one job stands (state is the omru.v1.JobState name without its prefix)."""
+
+    job_id: str
+    state: str
+    epochs_done: int
+    world_size: int
+    accuracy: float
+    plan_version: int
+    revision: int
+    message: str
+    time_unix_s: float
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+
+@dataclass(frozen=True)
+class PlannedSegment:
+    job_id: str
+    start_s: float
+    end_s: float
+    gpus: tuple[tuple[str, int], ...]
+    epochs: float
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    version: int
+    policy: str
+    makespan_s: float
+    created_unix_s: float
+    segments: tuple[PlannedSegment, ...]
+
+
+@dataclass(frozen=True)
+class JobResult:
+    job_id: str
+    state: str
+    epochs_done: int
+    accuracy: float
+    planned_finish_s: float
+    actual_finish_s: float
+    gpu_seconds: float
+
+
+@dataclass(frozen=True)
+class ReportInfo:
+    makespan_s: float
+    planned_makespan_s: float
+    utilisation: float
+    policy: str
+    gpus: int
+    lower_bound_s: float
+    jobs: tuple[JobResult, ...]
+
+
+def _state(value: int) -> str:
+    from omru.v1 import common_pb2
+
+    return common_pb2.JobState.Name(value).removeprefix("JOB_STATE_")
+
+
+def _status(u) -> JobStatus:
+    return JobStatus(u.job_id, _state(u.state), u.epochs_done, u.world_size, u.accuracy, u.plan_version, u.revision,
+                     u.message, u.time_unix_s)
+
+
+def _plan(p) -> PlanInfo:
+    return PlanInfo(p.version, p.policy, p.makespan_s, p.created_unix_s, tuple(
+        PlannedSegment(s.job_id, s.start_s, s.end_s, tuple((g.node_id, g.index) for g in s.gpus), s.epochs)
+        for s in p.segments))
+
+
+def _report(r) -> ReportInfo:
+    return ReportInfo(r.makespan_s, r.planned_makespan_s, r.utilisation, r.policy, r.gpus, r.lower_bound_s, tuple(
+        JobResult(j.job_id, _state(j.state), j.epochs_done, j.accuracy, j.planned_finish_s, j.actual_finish_s,
+                  j.gpu_seconds) for j in r.jobs))
+
+
+def _requests(jobs, policy: str):
+    """A SubmitJobsRequest from a Workload, WorkloadJobs or JobSpec protos."""
+    from omru.v1 import common_pb2, planner_pb2
+    from omru.workload import Workload
+    from services.planner import convert
+
+    if isinstance(jobs, Workload):
+        policy = policy or jobs.policy
+        jobs = jobs.jobs
+    specs, hints = [], []
+    for j in jobs:
+        if isinstance(j, common_pb2.JobSpec):
+            specs.append(j)
+            continue
+        specs.append(convert.job_spec(j))
+        if j.profile and hasattr(planner_pb2, "JobProfile"):
+            hints.append(planner_pb2.JobProfile(job_id=j.id, epoch_seconds=dict(j.profile)))
+    req = planner_pb2.SubmitJobsRequest(jobs=specs, policy=policy)
+    if hints:
+        req.profiles.extend(hints)
+    return req
+
+
+class Client:
+    """Asyncio client of PlannerService (use as ``async with Client(addr) as c``)."""
+
+    def __init__(self, address: str, token: str | None = None, deadline_s: float = 10.0) -> None:
+        self.address = address
+        self.token = token
+        self.deadline_s = deadline_s
+        self._channel = None
+        self._stub = None
+
+    async def __aenter__(self) -> "Client":
+        from omru.v1 import planner_pb2_grpc
+        from services.common.channels import open_channel
+
+        self._channel = open_channel(self.address, token=self.token, deadline=self.deadline_s)
+        self._stub = planner_pb2_grpc.PlannerServiceStub(self._channel)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def submit(self, jobs, policy: str = "") -> list[str]:
+        """Submit a `Workload` (or WorkloadJobs / JobSpecs); returns the job ids."""
+        reply = await self._stub.SubmitJobs(_requests(jobs, policy), timeout=self.deadline_s)
+        return list(reply.job_ids)
+
+    async def cancel(self, job_id: str) -> str:
+        from omru.v1 import planner_pb2
+
+        reply = await self._stub.CancelJob(planner_pb2.CancelJobRequest(job_id=job_id), timeout=self.deadline_s)
+        return _state(reply.state)
+
+    async def plan(self) -> PlanInfo:
+        from omru.v1 import planner_pb2
+
+        return _plan((await self._stub.GetPlan(planner_pb2.GetPlanRequest(), timeout=self.deadline_s)).plan)
+
+    async def report(self) -> ReportInfo:
+        from omru.v1 import planner_pb2
+
+        return _report((await self._stub.GetReport(planner_pb2.GetReportRequest(), timeout=self.deadline_s)).report)
+
+    async def status(self) -> list[JobStatus]:
+        """The current state of every job (the snapshot WatchJobs opens with)."""
+        latest: dict[str, JobStatus] = {}
+        stream = self._watch_call((), 0)
+        try:
+            while True:
+                try:
+                    reply = await asyncio.wait_for(stream.read(), timeout=0.5 if latest else self.deadline_s)
+                except asyncio.TimeoutError:
+                    break
+                if reply is None or not hasattr(reply, "update"):
+                    break
+                latest[reply.update.job_id] = _status(reply.update)
+        finally:
+            stream.cancel()
+        return sorted(latest.values(), key=lambda s: s.job_id)
+
+    def _watch_call(self, job_ids: Sequence[str], after_revision: int):
+        from omru.v1 import planner_pb2
+
+        return self._stub.WatchJobs(planner_pb2.WatchJobsRequest(after_revision=after_revision, job_ids=list(job_ids)))
+
+    async def watch(self, job_ids: Sequence[str] = (), after_revision: int = 0, until_done: bool = False,
+                    timeout_s: float | None = None) -> AsyncIterator[JobStatus]:
+        """Job updates: the current state first, then live; reconnects after a broken stream."""
+        import grpc
+
+        latest: dict[str, JobStatus] = {}
+        loop = asyncio.get_running_loop()
+        end = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            call = self._watch_call(job_ids, after_revision)
+            try:
+                while True:
+                    left = None if end is None else end - loop.time()
+                    if left is not None and left <= 0:
+                        return
+                    try:
+                        reply = await asyncio.wait_for(call.read(), timeout=left)
+                    except asyncio.TimeoutError:
+                        return
+                    if reply is grpc.aio.EOF:
+                        break
+                    s = _status(reply.update)
+                    after_revision = max(after_revision, s.revision)
+                    latest[s.job_id] = s
+                    yield s
+                    if until_done and latest and all(x.done for x in latest.values()) and \
+                            (not job_ids or set(job_ids) <= set(latest)):
+                        return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                await asyncio.sleep(0.5)
+            finally:
+                call.cancel()
+
+
+class SyncClient:
+    """Blocking wrapper of `Client` (its own event loop on a daemon thread)."""
+
+    def __init__(self, address: str, token: str | None = None, deadline_s: float = 10.0) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="omru-client", daemon=True)
+        self._thread.start()
+        self._client = Client(address, token=token, deadline_s=deadline_s)
+        self._run(self._client.__aenter__())
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> "SyncClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._run(self._client.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
+    def submit(self, jobs, policy: str = "") -> list[str]:
+        return self._run(self._client.submit(jobs, policy))
+
+    def cancel(self, job_id: str) -> str:
+        return self._run(self._client.cancel(job_id))
+
+    def plan(self) -> PlanInfo:
+        return self._run(self._client.plan())
+
+    def report(self) -> ReportInfo:
+        return self._run(self._client.report())
+
+    def status(self) -> list[JobStatus]:
+        return self._run(self._client.status())
+
+    def watch(self, job_ids: Sequence[str] = (), after_revision: int = 0, until_done: bool = False,
+              timeout_s: float | None = None) -> Iterator[JobStatus]:
+        agen = self._client.watch(job_ids, after_revision, until_done, timeout_s)
+        try:
+            while True:
+                try:
+                    yield self._run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._run(agen.aclose())
+
+
+__all__ = ["Client", "SyncClient", "JobStatus", "PlanInfo", "ReportInfo", "JobResult", "PlannedSegment"]

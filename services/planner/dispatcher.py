@@ -1,0 +1,629 @@
+"""Plan -> GPU claims -> directives, and replanning on events.
+
+`Dispatcher` is the planner's engine. It follows the registry (WatchCluster:
+nodes joining and leaving) and every executor's event log (WatchEvents), keeps
+job state in etcd (services/planner/state.py), and reconciles whenever
+something changed: a job was submitted, cancelled, finished, GPUs were
+released, a node joined or was lost.
+
+One reconcile:
+1. plan the remaining work of every live job with the policy from the core
+   registry (epoch times = profile + measured start overhead spread over the
+   remaining epochs; the planning itself is timed in real seconds);
+2. `decide` (pure) turns the plan's first moment into actions: start waiting
+   jobs the plan starts now, grow running jobs the plan gives more GPUs
+   (only when that pays back the restart), then - work conserving - start
+   further waiting jobs on GPUs still free. Running jobs are never preempted
+   or shrunk, so GPUs a job releases go at once to running or waiting jobs
+   (live GPU reuse);
+3. claim the GPUs in the registry (an etcd create-if-absent per GPU) and send
+   START / RESIZE directives to the executors of every node involved (direct
+   calls with deadlines, and to WatchDirectives subscribers). A resized job
+   moves at its next epoch boundary (the executor checkpoints, releases and
+   restarts it with the learning rate rescaled).
+
+Profiles: a job submitted with epoch times (workload `profile:`) uses them;
+otherwise the profiler service measures it. Start overhead (directive sent ->
+first epoch done, minus that epoch's own seconds) is measured on every
+attempt; until the first measurement the configured prior is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
+
+from services.common.logging import get_logger
+from services.planner import state as st
+from services.planner.report import Event
+from services.planner.state import JobRecord, PlannerState
+
+log = get_logger(__name__)
+
+Gpu = tuple[str, int]
+
+
+# --- pure decisions ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What `decide` needs of one live job."""
+
+    job_id: str
+    state: str
+    gpus: tuple[Gpu, ...]  # held now (running) or reserved (starting / resizing)
+    remaining: int  # epochs still to train
+    min_gpus: int = 1
+    max_gpus: int = 0  # 0 = any
+    epoch_s: Mapping[int, float] | None = None  # seconds per epoch by GPU count
+
+
+@dataclass(frozen=True)
+class Action:
+    """Start (job waits) or resize (job runs) `job_id` on exactly `gpus`."""
+
+    job_id: str
+    kind: str  # "start" | "resize"
+    gpus: tuple[Gpu, ...]
+
+
+def decide(jobs: Sequence[JobView], gpus: Sequence[Gpu], now_counts: Mapping[str, int],
+           order: Sequence[str], overhead_s: float = 0.0) -> list[Action]:
+    """Actions for this moment, given the plan's GPU counts at its start and its job order.
+
+    Never gives one GPU to two jobs, never moves a job that is starting or
+    resizing, never shrinks or preempts a running job.
+    """
+    busy = {g for j in jobs for g in j.gpus}
+    free = [g for g in gpus if g not in busy]
+    actions: list[Action] = []
+    rank = {j: i for i, j in enumerate(order)}
+    by_order = sorted(jobs, key=lambda j: rank.get(j.job_id, len(rank)))
+
+    def clamp(j: JobView, n: int) -> int:
+        hi = j.max_gpus or len(gpus)
+        return max(min(n, hi), j.min_gpus)
+
+    waiting = [j for j in by_order if j.state == st.WAITING]
+    running = [j for j in by_order if j.state == st.RUNNING]
+    # 1. waiting jobs the plan starts now, with their planned count (fewer if that is all there is)
+    for j in waiting:
+        n = now_counts.get(j.job_id, 0)
+        if n and len(free) >= j.min_gpus:
+            take = _pick(free, min(clamp(j, n), len(free)))
+            actions.append(Action(j.job_id, "start", take))
+    # 2. running jobs the plan gives more GPUs, when the gain beats the restart
+    for j in running:
+        want = clamp(j, now_counts.get(j.job_id, 0))
+        extra = min(want - len(j.gpus), len(free))
+        if extra > 0 and _pays(j, len(j.gpus), len(j.gpus) + extra, overhead_s):
+            take = _pick(free, extra, near=j.gpus)
+            actions.append(Action(j.job_id, "resize", tuple(j.gpus) + take))
+    # 3. work conserving: later waiting jobs on what is still free, then growth
+    started = {a.job_id for a in actions}
+    for j in waiting:
+        if j.job_id not in started and len(free) >= j.min_gpus and free:
+            later = now_counts.get(j.job_id, 0) or 1
+            actions.append(Action(j.job_id, "start", _pick(free, min(clamp(j, later), len(free)))))
+    grown = {a.job_id for a in actions}
+    for j in running:
+        if free and j.job_id not in grown:
+            hi = clamp(j, len(gpus))
+            extra = min(hi - len(j.gpus), len(free))
+            if extra > 0 and _pays(j, len(j.gpus), len(j.gpus) + extra, overhead_s):
+                actions.append(Action(j.job_id, "resize", tuple(j.gpus) + _pick(free, extra, near=j.gpus)))
+    return actions
+
+
+def _pays(j: JobView, old: int, new: int, overhead_s: float) -> bool:
+    """True when moving from `old` to `new` GPUs finishes the job earlier, restart included."""
+    if not j.epoch_s or old not in j.epoch_s or new not in j.epoch_s:
+        return j.remaining >= 2
+    left = j.remaining - 1  # the epoch under way finishes on the old GPUs
+    return left > 0 and left * j.epoch_s[new] + overhead_s < left * j.epoch_s[old]
+
+
+def _pick(free: list[Gpu], n: int, near: Sequence[Gpu] = ()) -> tuple[Gpu, ...]:
+    """Take n GPUs from `free` (in place): on the nodes of `near` first, else the best-fitting node."""
+    if n <= 0:
+        return ()
+    nodes: dict[str, list[Gpu]] = {}
+    for g in free:
+        nodes.setdefault(g[0], []).append(g)
+    home = {g[0] for g in near}
+    order = sorted(nodes, key=lambda nd: (nd not in home, len(nodes[nd]) < n, len(nodes[nd]), nd))
+    taken: list[Gpu] = []
+    for nd in order:
+        for g in nodes[nd]:
+            if len(taken) < n:
+                taken.append(g)
+    for g in taken:
+        free.remove(g)
+    return tuple(taken)
+
+
+def epoch_table(profile: Mapping[int, float], gpus: int, min_gpus: int = 1, max_gpus: int = 0) -> dict[int, float]:
+    """Seconds per epoch for every count 1..gpus from a (possibly partial) measured profile.
+
+    Unmeasured counts take the nearest measured count below (no speed-up is
+    assumed that was not measured); counts below the smallest measured one
+    scale it ideally. Counts above max_gpus cost slightly more than max_gpus
+    and counts below min_gpus a hundredfold, so policies avoid them.
+    """
+    known = sorted(profile)
+    table: dict[int, float] = {}
+    for g in range(1, gpus + 1):
+        below = [k for k in known if k <= g]
+        table[g] = profile[below[-1]] if below else profile[known[0]] * known[0] / g
+    if max_gpus:
+        for g in range(max_gpus + 1, gpus + 1):
+            table[g] = table[max_gpus] * (1 + 0.01 * (g - max_gpus))
+    for g in range(1, min(min_gpus, gpus + 1)):
+        table[g] = table[g] * 100
+    return table
+
+
+# --- the engine ---------------------------------------------------------------
+
+
+class Dispatcher:
+    """Follows the cluster and the executors, keeps job state, plans and dispatches."""
+
+    def __init__(self, state: PlannerState, registry: str, profiler: str, policy: str = "", token: str | None = None,
+                 checkpoint_root: str = "", start_overhead_s: float = 4.0, seed: int = 0,
+                 policy_options: Mapping[str, object] | None = None) -> None:
+        import tempfile
+
+        self.state = state
+        self.registry_address = registry
+        self.profiler_address = profiler
+        self.default_policy = policy or default_policy()
+        self.token = token
+        self.checkpoint_root = checkpoint_root or f"{tempfile.gettempdir()}/omru-checkpoints"
+        self.prior_overhead_s = start_overhead_s
+        self.overheads: list[float] = []
+        self.seed = seed
+        self.policy_options = dict(policy_options or {})
+        self.nodes: dict[str, object] = {}  # node_id -> registry Node
+        self.gpu_total = 0
+        self._channels: dict[str, object] = {}
+        self._followers: dict[str, asyncio.Task] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._dirty = asyncio.Event()
+        self._job_watchers: set[asyncio.Queue] = set()
+        self._directive_watchers: dict[str, set[asyncio.Queue]] = {}
+        self._profiling: set[str] = set()
+        self._measured: set[str] = set()  # attempts whose start overhead is measured
+        self._lock = asyncio.Lock()
+        self.plan_version = 0
+        self.policy_in_force = self.default_policy
+
+    # lifecycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        plan = await self.state.plan()
+        if plan:
+            self.plan_version = plan["version"]
+            self.policy_in_force = plan["policy"]
+        self._tasks = [asyncio.create_task(self._follow_cluster()), asyncio.create_task(self._replan_loop())]
+        self.poke()
+
+    async def stop(self) -> None:
+        for t in [*self._tasks, *self._followers.values()]:
+            t.cancel()
+        for t in [*self._tasks, *self._followers.values()]:
+            with contextlib.suppress(BaseException):
+                await t
+        for ch in self._channels.values():
+            await ch.close()
+
+    def poke(self) -> None:
+        """Ask for a reconcile soon."""
+        self._dirty.set()
+
+    def _channel(self, address: str):
+        from services.common.channels import open_channel
+
+        if address not in self._channels:
+            self._channels[address] = open_channel(address, token=self.token)
+        return self._channels[address]
+
+    def _registry(self):
+        from omru.v1 import registry_pb2_grpc
+
+        return registry_pb2_grpc.RegistryServiceStub(self._channel(self.registry_address))
+
+    def _executor(self, node_id: str):
+        from omru.v1 import executor_pb2_grpc
+
+        return executor_pb2_grpc.ExecutorServiceStub(self._channel(self.nodes[node_id].address))
+
+    # job updates to watchers ---------------------------------------------------
+
+    def watch_jobs(self) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue()
+        self._job_watchers.add(q)
+        return q
+
+    def unwatch_jobs(self, q: asyncio.Queue) -> None:
+        self._job_watchers.discard(q)
+
+    def watch_directives(self, node_id: str) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue()
+        self._directive_watchers.setdefault(node_id, set()).add(q)
+        return q
+
+    def unwatch_directives(self, node_id: str, q: asyncio.Queue) -> None:
+        self._directive_watchers.get(node_id, set()).discard(q)
+
+    async def _update(self, job_id: str, change) -> JobRecord | None:
+        r = await self.state.update_job(job_id, change)
+        if r is not None:
+            for q in list(self._job_watchers):
+                q.put_nowait(r)
+        return r
+
+    # submit / cancel -------------------------------------------------------------
+
+    async def submit(self, records: list[JobRecord]) -> tuple[bool, list[str]]:
+        """Store new jobs (all or nothing); (created, ids that existed)."""
+        created, existing = await self.state.create_jobs(records)
+        if created:
+            await self.state.set_origin(min(r.submitted_s for r in records))
+            for r in await self.state.jobs():
+                if r.job_id in {x.job_id for x in records}:
+                    for q in list(self._job_watchers):
+                        q.put_nowait(r)
+            self.poke()
+        return created, existing
+
+    async def cancel(self, job_id: str) -> JobRecord | None:
+        r = await self.state.job(job_id)
+        if r is None or r.terminal:
+            return r
+        await self._send_stop(r, r.gpus + r.target, reason="cancelled")
+        r = await self._update(job_id, lambda c: None if c.terminal else replace(
+            c, state=st.CANCELLED, finished_s=time.time(), message="cancelled by a client"))
+        await self._release(job_id)
+        self.poke()
+        return r
+
+    # following the cluster -------------------------------------------------------
+
+    async def _follow_cluster(self) -> None:
+        from omru.v1 import registry_pb2
+
+        backoff = 0.2
+        while True:
+            try:
+                listing = await self._registry().ListNodes(registry_pb2.ListNodesRequest(), timeout=5)
+                for n in listing.nodes:
+                    self._node_up(n)
+                self._node_set({n.node_id for n in listing.nodes})
+                stream = self._registry().WatchCluster(registry_pb2.WatchClusterRequest(after_revision=listing.revision))
+                async for batch in stream:
+                    backoff = 0.2
+                    for e in batch.events:
+                        if e.kind in (registry_pb2.CLUSTER_EVENT_KIND_NODE_ADDED, registry_pb2.CLUSTER_EVENT_KIND_NODE_UPDATED):
+                            self._node_up(e.node)
+                        elif e.kind == registry_pb2.CLUSTER_EVENT_KIND_NODE_REMOVED:
+                            await self._node_lost(e.node.node_id)
+                        elif e.kind == registry_pb2.CLUSTER_EVENT_KIND_RESYNC:
+                            break  # re-list below
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # registry away: keep what we know, retry
+                log.warning("cluster_watch_broken", error=str(exc))
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    def _node_set(self, live: set[str]) -> None:
+        for node_id in [n for n in self.nodes if n not in live]:
+            asyncio.get_running_loop().create_task(self._node_lost(node_id))
+
+    def _node_up(self, node) -> None:
+        known = self.nodes.get(node.node_id)
+        self.nodes[node.node_id] = node
+        self.gpu_total = max(self.gpu_total, sum(len(n.gpus) for n in self.nodes.values()))
+        if known is None or known.address != node.address or node.node_id not in self._followers:
+            old = self._followers.pop(node.node_id, None)
+            if old:
+                old.cancel()
+            self._followers[node.node_id] = asyncio.get_running_loop().create_task(self._follow_node(node.node_id))
+            log.info("node_up", node=node.node_id, gpus=len(node.gpus))
+            self.poke()
+
+    async def _node_lost(self, node_id: str) -> None:
+        if self.nodes.pop(node_id, None) is None:
+            return
+        t = self._followers.pop(node_id, None)
+        if t:
+            t.cancel()
+        log.warning("node_lost", node=node_id)
+        for r in await self.state.jobs():
+            if r.terminal or not any(g[0] == node_id for g in r.gpus + r.target):
+                continue
+            await self._send_stop(r, [g for g in r.gpus + r.target if g[0] != node_id], reason=f"node {node_id} lost")
+            await self._release(r.job_id)
+            await self._update(r.job_id, lambda c: None if c.terminal else replace(
+                c, state=st.WAITING, gpus=(), target=(), world_size=0, attempt=c.attempt + 1,
+                message=f"node {node_id} lost; resumes from its last checkpoint"))
+        self.poke()
+
+    async def _follow_node(self, node_id: str) -> None:
+        from omru.v1 import executor_pb2
+        from services.planner import convert
+
+        backoff = 0.2
+        while node_id in self.nodes:
+            try:
+                stub = self._executor(node_id)
+                jobs = await stub.GetJobs(executor_pb2.GetJobsRequest(), timeout=5)
+                gen, seq = await self.state.cursor(node_id)
+                if jobs.last_seq < seq:  # the executor restarted: its log begins again
+                    gen, seq = gen + 1, 0
+                    await self.state.set_cursor(node_id, gen, 0)
+                async for reply in stub.WatchEvents(executor_pb2.WatchEventsRequest(after_seq=seq)):
+                    backoff = 0.2
+                    e = convert.event(reply.event)
+                    if e is None:
+                        continue
+                    await self.state.add_event(gen, e)
+                    await self._on_event(e)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("executor_watch_broken", node=node_id, error=str(exc))
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    # executor events --------------------------------------------------------------
+
+    async def _on_event(self, e: Event) -> None:
+        r = await self.state.job(e.job_id)
+        if r is None:
+            return
+        current = e.attempt_id == r.attempt_id
+        if e.kind == "started" and current and not r.terminal:
+            await self._update(r.job_id, lambda c: replace(c, state=st.RUNNING, gpus=c.target, world_size=len(c.target))
+                               if c.attempt_id == e.attempt_id and not c.terminal else None)
+            self.poke()
+        elif e.kind == "epoch_done":
+            if current and r.sent_s and r.attempt_id not in self._measured:  # first epoch of this attempt
+                self._measured.add(r.attempt_id)
+                self.overheads.append(max(0.0, e.time_s - r.sent_s - e.epoch_seconds))
+            await self._update(r.job_id, lambda c: replace(
+                c, epochs_done=max(c.epochs_done, e.epoch), accuracy=e.accuracy if e.epoch >= c.epochs_done else c.accuracy))
+        elif e.kind == "finished":
+            await self._update(r.job_id, lambda c: None if c.terminal else replace(
+                c, state=st.FINISHED, epochs_done=c.epochs, finished_s=e.time_s, message=""))
+            self.poke()
+        elif e.kind == "gpus_released":
+            r = await self.state.job(e.job_id)
+            keep = set() if r.terminal else set(r.target)
+            mine = [g for g in e.gpus if g[0] == e.node_id and g not in keep]
+            if mine or r.terminal:
+                await self._release(r.job_id, mine if not r.terminal else ())
+            self.poke()
+        elif e.kind == "failed" and current and not r.terminal:
+            await self._send_stop(r, r.gpus + r.target, reason="a rank failed")
+            await self._update(r.job_id, lambda c: None if c.terminal or c.attempt_id != e.attempt_id else replace(
+                c, state=st.FAILED, finished_s=e.time_s, message=f"failed on {e.node_id}"))
+            await self._release(r.job_id)
+            self.poke()
+
+    async def _release(self, job_id: str, gpus: Sequence[Gpu] = ()) -> None:
+        from omru.v1 import registry_pb2
+        from services.planner import convert
+
+        with contextlib.suppress(Exception):
+            await self._registry().ReleaseGpus(registry_pb2.ReleaseGpusRequest(job_id=job_id, gpus=convert.gpu_refs(gpus)), timeout=5)
+
+    # planning ------------------------------------------------------------------------
+
+    @property
+    def overhead_s(self) -> float:
+        """Measured mean start overhead (the prior until something was measured)."""
+        return sum(self.overheads) / len(self.overheads) if self.overheads else self.prior_overhead_s
+
+    def live_gpus(self) -> list[Gpu]:
+        return sorted((n.node_id, g.index) for n in self.nodes.values() for g in n.gpus)
+
+    async def _replan_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), timeout=5.0)
+            self._dirty.clear()
+            try:
+                async with self._lock:
+                    await self.reconcile()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("reconcile_failed", error=str(exc))
+                await asyncio.sleep(0.5)
+
+    async def reconcile(self) -> None:
+        records = [r for r in await self.state.jobs() if not r.terminal]
+        gpus = self.live_gpus()
+        for r in records:
+            if r.state == st.PENDING and r.job_id not in self._profiling:
+                if r.profile:
+                    await self._update(r.job_id, lambda c: replace(c, state=st.WAITING) if c.state == st.PENDING else None)
+                elif gpus:
+                    self._profiling.add(r.job_id)
+                    asyncio.get_running_loop().create_task(self._profile(r, len(gpus)))
+        records = [r for r in await self.state.jobs() if not r.terminal and r.profile
+                   and r.state in (st.WAITING, st.STARTING, st.RUNNING, st.RESIZING)]
+        if not records or not gpus:
+            return
+        plan, counts, order, tables = await self._plan(records, gpus)
+        views = [JobView(r.job_id, r.state, tuple(dict.fromkeys(r.gpus + r.target)) if r.state != st.WAITING else (),
+                         max(r.epochs - r.epochs_done, 0), r.spec.get("min_gpus", 1), r.max_gpus, tables[r.job_id])
+                 for r in records]
+        actions = decide(views, gpus, counts, order, self.overhead_s)
+        for a in actions:
+            await self._act(a)
+        if plan is not None and (actions or self.plan_version == 0):
+            self.plan_version += 1
+            plan["version"] = self.plan_version
+            await self.state.put_plan(plan)
+            for q in list(self._job_watchers):  # a plan change is news too
+                for r in records:
+                    q.put_nowait(await self.state.job(r.job_id))
+
+    async def _plan(self, records: list[JobRecord], gpus: list[Gpu]):
+        from services.planner.core import registry
+        from services.planner.core.model import Cluster, Job, PlanningError, PlanningInput
+
+        per_node = {n for n in (sum(1 for g in gpus if g[0] == nd) for nd in {g[0] for g in gpus})}
+        cluster = Cluster.of(len(gpus), per_node.pop()) if len(per_node) == 1 else Cluster.of(len(gpus), 1)
+        tables = {}
+        jobs = []
+        for r in records:
+            remaining = max(r.epochs - r.epochs_done, 1)
+            table = epoch_table(r.profile, len(gpus), r.spec.get("min_gpus", 1), r.max_gpus)
+            tables[r.job_id] = table
+            running = len(r.gpus) if r.state != st.WAITING else 0
+            planned = {g: t + (0.0 if g == running else self.overhead_s / remaining) for g, t in table.items()}
+            jobs.append(Job(id=r.job_id, epochs=remaining, profile=planned))
+        name = self.policy_in_force
+        began = time.monotonic()
+        try:
+            problem = PlanningInput(jobs=tuple(jobs), cluster=cluster, seed=self.seed, options=self._options(name, jobs),
+                                    resize_cost_s=self.overhead_s)
+            result = await asyncio.to_thread(registry.plan, name, problem)
+        except PlanningError as exc:
+            log.error("planning_failed", error=str(exc))
+            return None, {}, [r.job_id for r in records], tables
+        seconds = time.monotonic() - began
+        now = time.time()
+        counts: dict[str, int] = {}
+        first: dict[str, float] = {}
+        for s in result.segments:
+            first[s.job] = min(first.get(s.job, s.start_s), s.start_s)
+            if s.start_s <= 1e-6:
+                counts[s.job] = max(counts.get(s.job, 0), len(s.gpus))
+        order = sorted(first, key=lambda j: (first[j], j))
+        plan = {
+            "version": 0, "policy": name, "created_unix_s": now, "planning_seconds": seconds,
+            "makespan_s": result.makespan_s + seconds, "overhead_s": self.overhead_s,
+            "segments": [{"job": s.job, "start_s": s.start_s + seconds, "end_s": s.end_s + seconds,
+                          "gpus": [list(gpus[i]) for i in s.gpus], "epochs": s.epochs} for s in result.segments],
+        }
+        return plan, counts, order, tables
+
+    def _options(self, name: str, jobs) -> dict:
+        return dict(self.policy_options)
+
+    async def _profile(self, r: JobRecord, max_gpus: int) -> None:
+        """Ask the profiler for the job's epoch times; the job waits (or fails, saying why)."""
+        import grpc
+
+        from omru.v1 import profiler_pb2, profiler_pb2_grpc
+        from services.planner import convert
+
+        stub = profiler_pb2_grpc.ProfilerServiceStub(self._channel(self.profiler_address))
+        spec = convert.record_spec(r)
+        try:
+            await self._update(r.job_id, lambda c: replace(c, state=st.PROFILING) if c.state == st.PENDING else None)
+            profile = None
+            try:
+                got = await stub.GetProfile(profiler_pb2.GetProfileRequest(job=spec), timeout=5)
+                profile = got.profile
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+            if profile is None:
+                async for reply in stub.Profile(profiler_pb2.ProfileRequest(job=spec, max_gpus=max_gpus), timeout=600):
+                    p = reply.progress
+                    if p.state == profiler_pb2.PROFILE_STATE_FAILED:
+                        raise RuntimeError(p.message or "profiling failed")
+                    if p.state == profiler_pb2.PROFILE_STATE_DONE:
+                        profile = p.profile
+            points = {}
+            for pt in profile.points if profile is not None else ():
+                if pt.gpus not in points or pt.nodes <= 1:
+                    points[pt.gpus] = pt.epoch_seconds
+            if not points:
+                raise RuntimeError("the profiler returned no epoch times")
+            await self._update(r.job_id, lambda c: replace(c, state=st.WAITING, profile=points)
+                               if c.state in (st.PENDING, st.PROFILING) else None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            await self._update(r.job_id, lambda c: None if c.terminal else replace(
+                c, state=st.FAILED, message=f"no profile: {detail}", finished_s=time.time()))
+        finally:
+            self._profiling.discard(r.job_id)
+            self.poke()
+
+    # dispatching ------------------------------------------------------------------
+
+    async def _act(self, a: Action) -> None:
+        import grpc
+
+        from omru.v1 import executor_pb2, registry_pb2
+        from services.planner import convert
+        from services.common.cluster import free_port
+
+        r = await self.state.job(a.job_id)
+        if r is None or r.terminal:
+            return
+        try:
+            await self._registry().ClaimGpus(registry_pb2.ClaimGpusRequest(job_id=r.job_id, gpus=convert.gpu_refs(a.gpus)), timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("claim_refused", job=r.job_id, gpus=a.gpus, error=exc.details())
+            return
+        old = r.gpus
+        r = await self._update(r.job_id, lambda c: replace(
+            c, state=st.STARTING if a.kind == "start" else st.RESIZING, target=a.gpus, attempt=c.attempt + 1,
+            sent_s=time.time(), message=""))
+        host = self.nodes[a.gpus[0][0]].address.rpartition(":")[0]
+        kind = executor_pb2.DIRECTIVE_KIND_START if a.kind == "start" else executor_pb2.DIRECTIVE_KIND_RESIZE
+        d = convert.directive(kind, r, a.gpus, f"{host}:{free_port(host)}", f"{self.checkpoint_root}/{r.job_id}",
+                              f"{r.attempt_id}-{a.kind}")
+        nodes = list(dict.fromkeys([g[0] for g in a.gpus] + [g[0] for g in old]))
+        log.info("dispatch", job=r.job_id, kind=a.kind, gpus=a.gpus, attempt=r.attempt_id)
+        for node_id in nodes:
+            await self._deliver(node_id, d)
+
+    async def _deliver(self, node_id: str, d) -> None:
+        from omru.v1 import executor_pb2
+
+        for q in list(self._directive_watchers.get(node_id, ())):
+            q.put_nowait(d)
+        if node_id not in self.nodes:
+            return
+        stub = self._executor(node_id)
+        try:
+            if d.kind == executor_pb2.DIRECTIVE_KIND_START:
+                await stub.StartJob(executor_pb2.StartJobRequest(directive=d), timeout=10)
+            elif d.kind == executor_pb2.DIRECTIVE_KIND_RESIZE:
+                await stub.ResizeJob(executor_pb2.ResizeJobRequest(directive=d), timeout=10)
+            else:
+                await stub.StopJob(executor_pb2.StopJobRequest(directive=d), timeout=10)
+        except Exception as exc:
+            log.warning("directive_failed", node=node_id, job=d.job.job_id, error=str(exc))
+
+    async def _send_stop(self, r: JobRecord, gpus: Sequence[Gpu], reason: str) -> None:
+        from omru.v1 import executor_pb2
+        from services.planner import convert
+
+        d = convert.directive(executor_pb2.DIRECTIVE_KIND_STOP, r, r.target or r.gpus, "", f"{self.checkpoint_root}/{r.job_id}",
+                              f"{r.attempt_id}-stop")
+        for node_id in dict.fromkeys(g[0] for g in gpus):
+            await self._deliver(node_id, d)
+
+
+def default_policy() -> str:
+    """`omru` when the core registers it, else `omru-ga`."""
+    from services.planner.core import registry
+
+    names = registry.names()
+    return "omru" if "omru" in names else "omru-ga"

@@ -1,0 +1,185 @@
+"""The planner's state in etcd (through services/common/etcd.py), so a restarted planner resumes.
+
+Keys (under the store's prefix, JSON values):
+
+    planner/jobs/<job_id>              one `JobRecord`
+    planner/plan                       the plan in force (`PlanRecord`)
+    planner/first_plan                 the first plan of the batch (the report's "planned")
+    planner/origin                     {"origin_s": first submission, Unix seconds}
+    planner/events/<node>/<gen>/<seq>  every executor event seen (report, replay)
+    planner/cursors/<node>             {"gen": g, "seq": s}: last event stored per node;
+                                       gen grows when the executor restarted (its log restarts at 1)
+
+Job records are written with compare-and-swap on their mod revision, so two
+writers never silently overwrite each other; `update_job` retries on a race.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
+
+from services.common.etcd import EtcdStore
+from services.planner.report import Event
+
+JOBS, PLAN, FIRST_PLAN, ORIGIN, EVENTS, CURSORS = (
+    "planner/jobs/", "planner/plan", "planner/first_plan", "planner/origin", "planner/events/", "planner/cursors/")
+
+#: omru.v1.JobState names without the prefix; terminal ones never change again.
+PENDING, PROFILING, WAITING, STARTING, RUNNING, RESIZING, FINISHED, FAILED, CANCELLED = (
+    "PENDING", "PROFILING", "WAITING", "STARTING", "RUNNING", "RESIZING", "FINISHED", "FAILED", "CANCELLED")
+TERMINAL = frozenset({FINISHED, FAILED, CANCELLED})
+
+Gpu = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What the planner knows of one job.
+
+    `gpus` is the GPU set of the attempt that runs (or last ran); `target`
+    the set of the attempt a directive was sent for (equal to `gpus` once it
+    started). `sent_s` is when that directive went out (start overhead is
+    measured from it).
+    """
+
+    spec: dict  # TrainSpec.to_dict()
+    max_gpus: int = 0
+    profile: dict = field(default_factory=dict)  # {gpus(int): epoch seconds}
+    state: str = PENDING
+    epochs_done: int = 0
+    world_size: int = 0
+    accuracy: float = 0.0
+    attempt: int = 0
+    gpus: tuple[Gpu, ...] = ()
+    target: tuple[Gpu, ...] = ()
+    sent_s: float = 0.0
+    submitted_s: float = 0.0
+    finished_s: float = 0.0
+    message: str = ""
+    revision: int = 0  # etcd mod revision (not stored)
+
+    @property
+    def job_id(self) -> str:
+        return self.spec["job_id"]
+
+    @property
+    def epochs(self) -> int:
+        return int(self.spec["epochs"])
+
+    @property
+    def attempt_id(self) -> str:
+        return f"{self.job_id}-a{self.attempt}"
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d.pop("revision")
+        d["profile"] = {str(k): v for k, v in self.profile.items()}
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, revision: int = 0) -> "JobRecord":
+        d = json.loads(data)
+        d["profile"] = {int(k): float(v) for k, v in d.get("profile", {}).items()}
+        d["gpus"] = tuple((n, int(i)) for n, i in d.get("gpus", ()))
+        d["target"] = tuple((n, int(i)) for n, i in d.get("target", ()))
+        return cls(**d, revision=revision)
+
+
+class StateRace(Exception):
+    """A job record changed under a compare-and-swap too many times in a row."""
+
+
+class PlannerState:
+    """Typed reads and writes of the planner's keys."""
+
+    def __init__(self, store: EtcdStore) -> None:
+        self.store = store
+
+    # --- jobs ---------------------------------------------------------------
+
+    async def jobs(self) -> list[JobRecord]:
+        kvs, _ = await self.store.list(JOBS)
+        return [JobRecord.from_json(kv.value, kv.mod_revision) for kv in kvs]
+
+    async def job(self, job_id: str) -> JobRecord | None:
+        kv = await self.store.get(JOBS + job_id)
+        return None if kv is None else JobRecord.from_json(kv.value, kv.mod_revision)
+
+    async def create_jobs(self, records: list[JobRecord]) -> tuple[bool, list[str]]:
+        """Create every record, all or nothing; (created, ids that already existed)."""
+        result = await self.store.create({JOBS + r.job_id: r.to_json() for r in records})
+        return result.succeeded, [kv.key[len(JOBS):] for kv in result.existing]
+
+    async def update_job(self, job_id: str, change: Callable[[JobRecord], JobRecord | None]) -> JobRecord | None:
+        """Apply `change` with compare-and-swap (retried on a race); None = leave unchanged.
+
+        Returns the stored record (with its new revision), or None when the job is absent."""
+        for _ in range(20):
+            current = await self.job(job_id)
+            if current is None:
+                return None
+            new = change(current)
+            if new is None or new == current:
+                return current
+            result = await self.store.cas(JOBS + job_id, new.to_json(), current.revision)
+            if result.succeeded:
+                return replace(new, revision=result.revision)
+        raise StateRace(f"job {job_id!r} changed 20 times while being updated")
+
+    # --- plan and origin ----------------------------------------------------
+
+    async def put_plan(self, plan: dict) -> None:
+        await self.store.put(PLAN, json.dumps(plan).encode())
+        await self.store.cas(FIRST_PLAN, json.dumps(plan).encode(), 0)  # only the first one sticks
+
+    async def plan(self) -> dict | None:
+        kv = await self.store.get(PLAN)
+        return None if kv is None else json.loads(kv.value)
+
+    async def first_plan(self) -> dict | None:
+        kv = await self.store.get(FIRST_PLAN)
+        return None if kv is None else json.loads(kv.value)
+
+    async def set_origin(self, origin_s: float) -> float:
+        """Store the batch's origin unless one is stored; returns the stored one."""
+        result = await self.store.cas(ORIGIN, json.dumps({"origin_s": origin_s}).encode(), 0)
+        if result.succeeded:
+            return origin_s
+        return json.loads(result.existing[0].value)["origin_s"] if result.existing else origin_s
+
+    async def origin(self) -> float | None:
+        kv = await self.store.get(ORIGIN)
+        return None if kv is None else json.loads(kv.value)["origin_s"]
+
+    # --- executor events ----------------------------------------------------
+
+    async def cursor(self, node_id: str) -> tuple[int, int]:
+        kv = await self.store.get(CURSORS + node_id)
+        if kv is None:
+            return 0, 0
+        d = json.loads(kv.value)
+        return d["gen"], d["seq"]
+
+    async def add_event(self, gen: int, event: Event) -> None:
+        """Store one event and move the node's cursor past it."""
+        key = f"{EVENTS}{event.node_id}/{gen:06d}/{event.seq:012d}"
+        await self.store.put(key, json.dumps(asdict(event)).encode())
+        await self.store.put(CURSORS + event.node_id, json.dumps({"gen": gen, "seq": event.seq}).encode())
+
+    async def set_cursor(self, node_id: str, gen: int, seq: int) -> None:
+        await self.store.put(CURSORS + node_id, json.dumps({"gen": gen, "seq": seq}).encode())
+
+    async def events(self) -> list[Event]:
+        kvs, _ = await self.store.list(EVENTS)
+        out = []
+        for kv in kvs:
+            d = json.loads(kv.value)
+            d["gpus"] = tuple((n, int(i)) for n, i in d["gpus"])
+            out.append(Event(**d))
+        return out

@@ -1,0 +1,71 @@
+"""PlannerService on real etcd and a real registry: submit, validation, idempotence, plan."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from omru.v1 import planner_pb2
+from tests.planner_service.planner_helpers import node_request, planner, spec
+
+
+async def wait_for(cond, timeout=10.0):
+    for _ in range(int(timeout / 0.05)):
+        if await cond():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_a_bad_workload_is_rejected_naming_every_problem_and_nothing_is_stored(etcd, registry, registry_stub, etcd_store, free_port):
+    await registry_stub.RegisterNode(node_request("n0", 2, free_port()))
+    async with planner(etcd.endpoint, registry.address) as (_, d, stub):
+        assert await wait_for(lambda: _true(d.live_gpus()))
+        bad = planner_pb2.SubmitJobsRequest(jobs=[
+            spec("ok"), spec("x", model="no-such-net"), spec("neg", epochs=-2),
+            spec("dup", epochs=2), spec("dup", epochs=3), spec("big", min_gpus=3, max_gpus=3)])
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.SubmitJobs(bad, timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        msg = err.value.details()
+        for named in ("unknown model 'no-such-net'", "'neg'): epochs: must be >= 1, got -2",
+                      "'dup'): job_id given twice in the request with different specs",
+                      "'big'): min_gpus: needs 3 GPUs, the cluster has 2"):
+            assert named in msg
+        kvs, _ = await etcd_store.list("planner/jobs/")
+        assert kvs == []
+
+
+async def test_resubmitting_an_id_is_a_no_op_and_a_changed_spec_is_refused(etcd, registry, registry_stub, etcd_store, free_port):
+    await registry_stub.RegisterNode(node_request("n0", 2, free_port()))
+    async with planner(etcd.endpoint, registry.address) as (_, d, stub):
+        first = await stub.SubmitJobs(planner_pb2.SubmitJobsRequest(jobs=[spec("a"), spec("b")]), timeout=5)
+        assert list(first.job_ids) == ["a", "b"]
+        before = {kv.key: kv.create_revision for kv in (await etcd_store.list("planner/jobs/"))[0]}
+        again = await stub.SubmitJobs(planner_pb2.SubmitJobsRequest(jobs=[spec("a")]), timeout=5)
+        assert list(again.job_ids) == ["a"]
+        after = {kv.key: kv.create_revision for kv in (await etcd_store.list("planner/jobs/"))[0]}
+        assert before == after
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.SubmitJobs(planner_pb2.SubmitJobsRequest(jobs=[spec("a", epochs=9)]), timeout=5)
+        assert "'a'): job_id already submitted with a different spec" in err.value.details()
+
+
+async def test_an_unknown_policy_is_named(etcd, registry):
+    async with planner(etcd.endpoint, registry.address) as (_, _d, stub):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.SubmitJobs(planner_pb2.SubmitJobsRequest(jobs=[spec("a")], policy="fifo-magic"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'fifo-magic'" in err.value.details()
+
+
+async def test_cancelling_an_unknown_job_is_not_found(etcd, registry):
+    async with planner(etcd.endpoint, registry.address) as (_, _d, stub):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.CancelJob(planner_pb2.CancelJobRequest(job_id="ghost"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND and "'ghost'" in err.value.details()
+
+
+async def _true(v):
+    return bool(v)
