@@ -25,31 +25,33 @@ _sym_db = _symbol_database.Default()
 from omru.v1 import common_pb2 as omru_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16omru/v1/profiler.proto\x12\x07omru.v1\x1a\x14omru/v1/common.proto\"e\n\nProfileKey\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0binput_shape\x18\x02 \x01(\t\x12\x12\n\nbatch_size\x18\x03 \x01(\x05\x12\x10\n\x08gpu_kind\x18\x04 \x01(\t\x12\r\n\x05nodes\x18\x05 \x01(\x05\"T\n\x0cProfilePoint\x12\x0c\n\x04gpus\x18\x01 \x01(\x05\x12\r\n\x05nodes\x18\x02 \x01(\x05\x12\x15\n\repoch_seconds\x18\x03 \x01(\x01\x12\x10\n\x08measured\x18\x04 \x01(\x08\"}\n\x07Profile\x12 \n\x03key\x18\x01 \x01(\x0b\x32\x13.omru.v1.ProfileKey\x12%\n\x06points\x18\x02 \x03(\x0b\x32\x15.omru.v1.ProfilePoint\x12\x11\n\tfit_error\x18\x03 \x01(\x01\x12\x16\n\x0e\x63reated_unix_s\x18\x04 \x01(\x01\"z\n\x0eProfileRequest\x12\x1d\n\x03job\x18\x01 \x01(\x0b\x32\x10.omru.v1.JobSpec\x12\x12\n\ngpu_counts\x18\x02 \x03(\x05\x12\x10\n\x08max_gpus\x18\x03 \x01(\x05\x12\x12\n\nfull_epoch\x18\x04 \x01(\x08\x12\x0f\n\x07refresh\x18\x05 \x01(\x08\"\xb2\x01\n\x0fProfileProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x01(\x05\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.omru.v1.ProfileState\x12\x15\n\repoch_seconds\x18\x04 \x01(\x01\x12\x10\n\x08measured\x18\x05 \x01(\x08\x12\x0f\n\x07message\x18\x06 \x01(\t\x12!\n\x07profile\x18\x07 \x01(\x0b\x32\x10.omru.v1.Profile\"=\n\x0fProfileResponse\x12*\n\x08progress\x18\x01 \x01(\x0b\x32\x18.omru.v1.ProfileProgress\"D\n\x11GetProfileRequest\x12\x1d\n\x03job\x18\x01 \x01(\x0b\x32\x10.omru.v1.JobSpec\x12\x10\n\x08gpu_kind\x18\x02 \x01(\t\"7\n\x12GetProfileResponse\x12!\n\x07profile\x18\x01 \x01(\x0b\x32\x10.omru.v1.Profile*\xb2\x01\n\x0cProfileState\x12\x1d\n\x19PROFILE_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14PROFILE_STATE_QUEUED\x10\x01\x12\x1b\n\x17PROFILE_STATE_MEASURING\x10\x02\x12\x1a\n\x16PROFILE_STATE_MEASURED\x10\x03\x12\x16\n\x12PROFILE_STATE_DONE\x10\x04\x12\x18\n\x14PROFILE_STATE_FAILED\x10\x05\x32\x98\x01\n\x0fProfilerService\x12>\n\x07Profile\x12\x17.omru.v1.ProfileRequest\x1a\x18.omru.v1.ProfileResponse0\x01\x12\x45\n\nGetProfile\x12\x1a.omru.v1.GetProfileRequest\x1a\x1b.omru.v1.GetProfileResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16omru/v1/profiler.proto\x12\x07omru.v1\x1a\x14omru/v1/common.proto\"\xa1\x01\n\nProfileKey\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0binput_shape\x18\x02 \x01(\t\x12\x12\n\nbatch_size\x18\x03 \x01(\x05\x12\x10\n\x08gpu_kind\x18\x04 \x01(\t\x12\r\n\x05nodes\x18\x05 \x01(\x05\x12\x0f\n\x07\x64\x61taset\x18\x06 \x01(\t\x12\x15\n\rtrain_samples\x18\x07 \x01(\x05\x12\x12\n\nfull_epoch\x18\x08 \x01(\x08\"y\n\x0cProfilePoint\x12\x0c\n\x04gpus\x18\x01 \x01(\x05\x12\r\n\x05nodes\x18\x02 \x01(\x05\x12\x15\n\repoch_seconds\x18\x03 \x01(\x01\x12\x10\n\x08measured\x18\x04 \x01(\x08\x12\x14\n\x0citer_seconds\x18\x05 \x01(\x01\x12\r\n\x05steps\x18\x06 \x01(\x05\"-\n\nScalingFit\x12\t\n\x01\x61\x18\x01 \x01(\x01\x12\t\n\x01\x62\x18\x02 \x01(\x01\x12\t\n\x01\x63\x18\x03 \x01(\x01\"\x9f\x01\n\x07Profile\x12 \n\x03key\x18\x01 \x01(\x0b\x32\x13.omru.v1.ProfileKey\x12%\n\x06points\x18\x02 \x03(\x0b\x32\x15.omru.v1.ProfilePoint\x12\x11\n\tfit_error\x18\x03 \x01(\x01\x12\x16\n\x0e\x63reated_unix_s\x18\x04 \x01(\x01\x12 \n\x03\x66it\x18\x05 \x01(\x0b\x32\x13.omru.v1.ScalingFit\"z\n\x0eProfileRequest\x12\x1d\n\x03job\x18\x01 \x01(\x0b\x32\x10.omru.v1.JobSpec\x12\x12\n\ngpu_counts\x18\x02 \x03(\x05\x12\x10\n\x08max_gpus\x18\x03 \x01(\x05\x12\x12\n\nfull_epoch\x18\x04 \x01(\x08\x12\x0f\n\x07refresh\x18\x05 \x01(\x08\"\xc2\x01\n\x0fProfileProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x01(\x05\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.omru.v1.ProfileState\x12\x15\n\repoch_seconds\x18\x04 \x01(\x01\x12\x10\n\x08measured\x18\x05 \x01(\x08\x12\x0f\n\x07message\x18\x06 \x01(\t\x12!\n\x07profile\x18\x07 \x01(\x0b\x32\x10.omru.v1.Profile\x12\x0e\n\x06\x63\x61\x63hed\x18\x08 \x01(\x08\"=\n\x0fProfileResponse\x12*\n\x08progress\x18\x01 \x01(\x0b\x32\x18.omru.v1.ProfileProgress\"X\n\x11GetProfileRequest\x12\x1d\n\x03job\x18\x01 \x01(\x0b\x32\x10.omru.v1.JobSpec\x12\x10\n\x08gpu_kind\x18\x02 \x01(\t\x12\x12\n\nfull_epoch\x18\x03 \x01(\x08\"7\n\x12GetProfileResponse\x12!\n\x07profile\x18\x01 \x01(\x0b\x32\x10.omru.v1.Profile*\xb2\x01\n\x0cProfileState\x12\x1d\n\x19PROFILE_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14PROFILE_STATE_QUEUED\x10\x01\x12\x1b\n\x17PROFILE_STATE_MEASURING\x10\x02\x12\x1a\n\x16PROFILE_STATE_MEASURED\x10\x03\x12\x16\n\x12PROFILE_STATE_DONE\x10\x04\x12\x18\n\x14PROFILE_STATE_FAILED\x10\x05\x32\x98\x01\n\x0fProfilerService\x12>\n\x07Profile\x12\x17.omru.v1.ProfileRequest\x1a\x18.omru.v1.ProfileResponse0\x01\x12\x45\n\nGetProfile\x12\x1a.omru.v1.GetProfileRequest\x1a\x1b.omru.v1.GetProfileResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'omru.v1.profiler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROFILESTATE']._serialized_start=869
-  _globals['_PROFILESTATE']._serialized_end=1047
-  _globals['_PROFILEKEY']._serialized_start=57
-  _globals['_PROFILEKEY']._serialized_end=158
-  _globals['_PROFILEPOINT']._serialized_start=160
-  _globals['_PROFILEPOINT']._serialized_end=244
-  _globals['_PROFILE']._serialized_start=246
-  _globals['_PROFILE']._serialized_end=371
-  _globals['_PROFILEREQUEST']._serialized_start=373
-  _globals['_PROFILEREQUEST']._serialized_end=495
-  _globals['_PROFILEPROGRESS']._serialized_start=498
-  _globals['_PROFILEPROGRESS']._serialized_end=676
-  _globals['_PROFILERESPONSE']._serialized_start=678
-  _globals['_PROFILERESPONSE']._serialized_end=739
-  _globals['_GETPROFILEREQUEST']._serialized_start=741
-  _globals['_GETPROFILEREQUEST']._serialized_end=809
-  _globals['_GETPROFILERESPONSE']._serialized_start=811
-  _globals['_GETPROFILERESPONSE']._serialized_end=866
-  _globals['_PROFILERSERVICE']._serialized_start=1050
-  _globals['_PROFILERSERVICE']._serialized_end=1202
+  _globals['_PROFILESTATE']._serialized_start=1085
+  _globals['_PROFILESTATE']._serialized_end=1263
+  _globals['_PROFILEKEY']._serialized_start=58
+  _globals['_PROFILEKEY']._serialized_end=219
+  _globals['_PROFILEPOINT']._serialized_start=221
+  _globals['_PROFILEPOINT']._serialized_end=342
+  _globals['_SCALINGFIT']._serialized_start=344
+  _globals['_SCALINGFIT']._serialized_end=389
+  _globals['_PROFILE']._serialized_start=392
+  _globals['_PROFILE']._serialized_end=551
+  _globals['_PROFILEREQUEST']._serialized_start=553
+  _globals['_PROFILEREQUEST']._serialized_end=675
+  _globals['_PROFILEPROGRESS']._serialized_start=678
+  _globals['_PROFILEPROGRESS']._serialized_end=872
+  _globals['_PROFILERESPONSE']._serialized_start=874
+  _globals['_PROFILERESPONSE']._serialized_end=935
+  _globals['_GETPROFILEREQUEST']._serialized_start=937
+  _globals['_GETPROFILEREQUEST']._serialized_end=1025
+  _globals['_GETPROFILERESPONSE']._serialized_start=1027
+  _globals['_GETPROFILERESPONSE']._serialized_end=1082
+  _globals['_PROFILERSERVICE']._serialized_start=1266
+  _globals['_PROFILERSERVICE']._serialized_end=1418
 # @@protoc_insertion_point(module_scope)
