@@ -144,9 +144,12 @@ class ExecutorConfig:
     ttl_seconds: int = 5
     advertise_host: str = ""
     work_dir: Path | None = None
+    max_restarts: int = 2
 
     def __post_init__(self) -> None:
         check_id("node_id", self.node_id)
+        if not isinstance(self.max_restarts, int) or not 0 <= self.max_restarts <= 100:
+            raise ConfigError(f"max_restarts {self.max_restarts!r} is not in 0..100")
         check_endpoint("registry address", self.registry)
         if self.planner:
             check_endpoint("planner address", self.planner)

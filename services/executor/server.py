@@ -16,24 +16,45 @@ from services.common import config as cfg
 from services.common import gpus
 from services.common.channels import open_channel
 from services.common.server import RunningServer, Service, run_main, serve_forever, service_name, start_server
-from services.executor.servicer import ExecutorServicer
+from services.executor.servicer import DirectiveSubscription, ExecutorServicer, RegistryClaims, devices_of
+from services.executor.supervisor import Supervisor
 from services.registry.membership import NodeMembership
 
 
 async def start(config: cfg.ExecutorConfig, servicer=None) -> tuple[RunningServer, NodeMembership]:
-    """Start the executor and register its node; returns the server and the membership."""
-    servicer = servicer if servicer is not None else ExecutorServicer()
+    """Start the executor and register its node; returns the server and the membership.
+
+    Unless a servicer is given, the ExecutorService runs a Supervisor whose
+    GPU claims go through the registry; with config.planner set it also
+    applies the directives the planner streams for this node. Stopping the
+    server stops the subscription, then every worker (GPUs released), then
+    deregisters the node.
+    """
+    node_gpus = gpus.detect(config.slots)
+    channel = open_channel(config.registry, token=config.server.auth_token)
+    supervisor = None
+    if servicer is None:
+        supervisor = Supervisor(config.node_id, devices_of(node_gpus), RegistryClaims(channel),
+                                work_dir=config.work_dir, max_restarts=config.max_restarts)
+        servicer = ExecutorServicer(supervisor)
     service = Service(executor_pb2_grpc.add_ExecutorServiceServicer_to_server, servicer, service_name(executor_pb2, "ExecutorService"))
     running = await start_server(config.server, [service])
     host = config.advertise_host or (config.server.host if config.server.host not in ("0.0.0.0", "[::]") else socket.gethostname())
-    channel = open_channel(config.registry, token=config.server.auth_token)
-    membership = NodeMembership(channel, config.node_id, f"{host}:{running.port}", gpus.detect(config.slots), config.ttl_seconds)
+    membership = NodeMembership(channel, config.node_id, f"{host}:{running.port}", node_gpus, config.ttl_seconds)
     try:
         await membership.start()
     except BaseException:
         await running.stop(0)
         await channel.close()
         raise
+    if supervisor is not None and config.planner:
+        planner_channel = open_channel(config.planner, token=config.server.auth_token)
+        subscription = DirectiveSubscription(planner_channel, supervisor)
+        subscription.start()
+        running.on_stop.append(subscription.stop)
+        running.on_stop.append(planner_channel.close)
+    if supervisor is not None:
+        running.on_stop.append(supervisor.close)
     running.on_stop.append(membership.stop)
     running.on_stop.append(channel.close)
     return running, membership
@@ -55,6 +76,7 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
     parser.add_argument("--ttl", type=int, default=5, help="node lease TTL in seconds")
     parser.add_argument("--advertise-host", default="", help="host other nodes reach this executor at")
     parser.add_argument("--work-dir", default=None, help="directory for worker files and checkpoints")
+    parser.add_argument("--max-restarts", type=int, default=2, help="restarts of a job after worker failures before it fails")
     args = parser.parse_args(argv)
     return cfg.ExecutorConfig(
         node_id=args.node_id,
@@ -65,6 +87,7 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
         ttl_seconds=args.ttl,
         advertise_host=args.advertise_host,
         work_dir=Path(args.work_dir) if args.work_dir else None,
+        max_restarts=args.max_restarts,
     )
 
 

@@ -1,9 +1,159 @@
-"""ExecutorService servicer (placeholder until its issue fills it in: every RPC answers UNIMPLEMENTED)."""
+"""omru.v1.ExecutorService: thin gRPC layer over `services.executor.supervisor`.
+
+Requests are converted (`convert`), handed to the `Supervisor`, answers
+converted back. `DirectiveError` -> INVALID_ARGUMENT naming the field,
+`ConflictError` -> FAILED_PRECONDITION, registry outages -> UNAVAILABLE; a
+refused directive changes nothing. `RegistryClaims` is GPU ownership through
+the registry; `DirectiveSubscription` applies the directives a planner
+streams for this node (PlannerService.WatchDirectives), reconnecting with
+backoff.
+"""
 
 from __future__ import annotations
 
-from omru.v1 import executor_pb2_grpc
+import asyncio
+import contextlib
+from typing import Sequence
+
+import grpc
+
+from omru.v1 import common_pb2, executor_pb2, executor_pb2_grpc, planner_pb2, planner_pb2_grpc, registry_pb2, registry_pb2_grpc
+from services.common.errors import abort, abort_invalid
+from services.common.logging import get_logger
+from services.executor import convert
+from services.executor.supervisor import ConflictError, DirectiveError, EventKind, Gpu, Supervisor
+
+log = get_logger(__name__)
+
+#: Deadline of each registry call made on behalf of a directive.
+REGISTRY_DEADLINE_S = 5.0
+
+
+class RegistryUnavailable(RuntimeError):
+    """The registry did not answer; the directive can be retried."""
+
+
+class RegistryClaims:
+    """GPU claims in the registry (ClaimGpus / ReleaseGpus), for a Supervisor."""
+
+    def __init__(self, channel: grpc.aio.Channel, deadline_s: float = REGISTRY_DEADLINE_S) -> None:
+        self.stub = registry_pb2_grpc.RegistryServiceStub(channel)
+        self.deadline_s = deadline_s
+
+    async def claim(self, job_id: str, gpus: Sequence[Gpu]) -> None:
+        request = registry_pb2.ClaimGpusRequest(job_id=job_id, gpus=[convert.gpu_ref(g) for g in gpus])
+        try:
+            await self.stub.ClaimGpus(request, timeout=self.deadline_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                raise ConflictError(f"GPUs of job {job_id!r} cannot be claimed: {exc.details()}") from None
+            raise RegistryUnavailable(f"registry ClaimGpus failed: {exc.code().name}: {exc.details()}") from None
+
+    async def release(self, job_id: str, gpus: Sequence[Gpu]) -> None:
+        request = registry_pb2.ReleaseGpusRequest(job_id=job_id, gpus=[convert.gpu_ref(g) for g in gpus])
+        await self.stub.ReleaseGpus(request, timeout=self.deadline_s)
+
+
+def devices_of(gpus: Sequence[common_pb2.GpuInfo]) -> dict[int, str]:
+    """GPU index -> worker device ("cpu" for a CPU slot, else the GPU index)."""
+    return {g.index: "cpu" if g.kind == "cpu" else str(g.index) for g in gpus}
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
-    """omru.v1.ExecutorService; the generated base answers UNIMPLEMENTED for every RPC."""
+    """omru.v1.ExecutorService of one node."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    async def _apply(self, request, context, rpc_kind: int) -> bool:
+        if not request.HasField("directive"):
+            await abort_invalid(context, "directive", "is required")
+        try:
+            return await self.supervisor.apply(convert.directive(request.directive, rpc_kind))
+        except DirectiveError as exc:
+            await abort_invalid(context, exc.field, str(exc).split(": ", 1)[1])
+        except ConflictError as exc:
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except RegistryUnavailable as exc:
+            await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def StartJob(self, request, context):
+        duplicate = await self._apply(request, context, executor_pb2.DIRECTIVE_KIND_START)
+        return executor_pb2.StartJobResponse(duplicate=duplicate)
+
+    async def ResizeJob(self, request, context):
+        duplicate = await self._apply(request, context, executor_pb2.DIRECTIVE_KIND_RESIZE)
+        return executor_pb2.ResizeJobResponse(duplicate=duplicate)
+
+    async def StopJob(self, request, context):
+        duplicate = await self._apply(request, context, executor_pb2.DIRECTIVE_KIND_STOP)
+        return executor_pb2.StopJobResponse(duplicate=duplicate)
+
+    async def GetJobs(self, request, context):
+        return executor_pb2.GetJobsResponse(node_id=self.supervisor.node_id,
+                                            jobs=[convert.job(v) for v in self.supervisor.jobs()],
+                                            last_seq=self.supervisor.events.last_seq)
+
+    async def WatchEvents(self, request, context):
+        if request.after_seq < 0:
+            await abort_invalid(context, "after_seq", f"{request.after_seq} is negative")
+        async for event in self.supervisor.events.follow(request.after_seq):
+            yield executor_pb2.WatchEventsResponse(event=convert.event(event))
+
+
+class DirectiveSubscription:
+    """Streams PlannerService.WatchDirectives(node_id) and applies each directive.
+
+    A directive the supervisor refuses is logged and reported as a FAILED
+    event of its job (the planner watches events), so nothing waits on it.
+    A broken stream is reopened after a backoff that doubles up to
+    max_backoff_s; directives re-sent after a reconnect are acknowledged as
+    duplicates by the supervisor.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel, supervisor: Supervisor, initial_backoff_s: float = 0.2,
+                 max_backoff_s: float = 5.0) -> None:
+        self.stub = planner_pb2_grpc.PlannerServiceStub(channel)
+        self.supervisor = supervisor
+        self.initial_backoff_s, self.max_backoff_s = initial_backoff_s, max_backoff_s
+        self.connected = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="directive-subscription")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        backoff = self.initial_backoff_s
+        node_id = self.supervisor.node_id
+        while True:
+            try:
+                call = self.stub.WatchDirectives(planner_pb2.WatchDirectivesRequest(node_id=node_id))
+                await call.wait_for_connection()
+                self.connected.set()
+                backoff = self.initial_backoff_s
+                async for response in call:
+                    await self.apply(response.directive)
+                log.info("directive_stream_ended", node_id=node_id)
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                log.warning("directive_stream_broken", node_id=node_id, code=exc.code().name, details=exc.details(),
+                            retry_in_s=backoff)
+            self.connected.clear()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.max_backoff_s)
+
+    async def apply(self, d: executor_pb2.Directive) -> None:
+        """Apply one streamed directive; a refusal becomes a FAILED event."""
+        try:
+            await self.supervisor.apply(convert.directive(d))
+        except (DirectiveError, ConflictError, RegistryUnavailable) as exc:
+            log.warning("directive_refused", directive_id=d.directive_id, job_id=d.job.job_id, error=str(exc))
+            self.supervisor.events.append(d.job.job_id, EventKind.FAILED, attempt_id=d.attempt_id,
+                                          message=f"directive {d.directive_id!r} refused: {exc}")

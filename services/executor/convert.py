@@ -1,0 +1,131 @@
+"""Proto <-> executor dataclasses: directives in, events and jobs out.
+
+JobSpec -> TrainSpec keeps every value as sent, except where the proto says
+0 means "not set": image_size 0 = 32, base_batch 0 = batch_size (so lr =
+base_lr x world size), min_gpus 0 = 1, max_gpus 0 = any number. Every bad
+value raises `DirectiveError` naming the field as the client sent it
+("directive.job.model", "directive.gpus[1].index", ...).
+"""
+
+from __future__ import annotations
+
+from omru.v1 import common_pb2, executor_pb2
+from services.executor.state import JobState
+from services.executor.supervisor import Directive, DirectiveError, DirectiveKind, Event, EventKind, Gpu, JobView
+from services.executor.worker.spec import ProfileSpec, SpecError, TrainSpec
+from services.registry import validation
+
+#: max_gpus of a job that may run on any number of GPUs.
+ANY_GPUS = 1 << 20
+DEFAULT_IMAGE_SIZE = 32
+DEFAULT_WARMUP_ITERS = 3
+DEFAULT_MEASURE_ITERS = 10
+
+_KINDS = {
+    executor_pb2.DIRECTIVE_KIND_START: DirectiveKind.START,
+    executor_pb2.DIRECTIVE_KIND_RESIZE: DirectiveKind.RESIZE,
+    executor_pb2.DIRECTIVE_KIND_STOP: DirectiveKind.STOP,
+}
+_EVENT_KINDS = {
+    EventKind.STARTED: executor_pb2.EXECUTOR_EVENT_KIND_STARTED,
+    EventKind.EPOCH_DONE: executor_pb2.EXECUTOR_EVENT_KIND_EPOCH_DONE,
+    EventKind.FINISHED: executor_pb2.EXECUTOR_EVENT_KIND_FINISHED,
+    EventKind.GPUS_RELEASED: executor_pb2.EXECUTOR_EVENT_KIND_GPUS_RELEASED,
+    EventKind.FAILED: executor_pb2.EXECUTOR_EVENT_KIND_FAILED,
+    EventKind.PROFILED: executor_pb2.EXECUTOR_EVENT_KIND_PROFILED,
+}
+_STATES = {
+    JobState.STARTING: common_pb2.JOB_STATE_STARTING,
+    JobState.RUNNING: common_pb2.JOB_STATE_RUNNING,
+    JobState.RESIZING: common_pb2.JOB_STATE_RESIZING,
+    JobState.RESTARTING: common_pb2.JOB_STATE_STARTING,
+    JobState.STOPPING: common_pb2.JOB_STATE_RESIZING,
+    JobState.STOPPED: common_pb2.JOB_STATE_WAITING,
+    JobState.FINISHED: common_pb2.JOB_STATE_FINISHED,
+    JobState.FAILED: common_pb2.JOB_STATE_FAILED,
+}
+
+
+def _problem(problem) -> None:
+    if problem is not None:
+        raise DirectiveError(*problem)
+
+
+def train_spec(job: common_pb2.JobSpec, field: str = "directive.job") -> TrainSpec:
+    """The TrainSpec of a JobSpec (see the module docstring for the 0 defaults)."""
+    min_gpus = job.min_gpus or 1
+    try:
+        return TrainSpec(
+            job_id=job.job_id, model=job.model, dataset=job.dataset, epochs=job.epochs, batch_size=job.batch_size,
+            base_lr=job.base_lr, base_batch=job.base_batch or job.batch_size, warmup_epochs=job.warmup_epochs,
+            momentum=job.momentum, weight_decay=job.weight_decay, num_classes=job.num_classes,
+            image_size=job.image_size or DEFAULT_IMAGE_SIZE, frames=job.frames, min_gpus=min_gpus,
+            max_gpus=job.max_gpus or max(ANY_GPUS, min_gpus), seed=job.seed, train_samples=job.train_samples)
+    except SpecError as exc:
+        raise DirectiveError(f"{field}.{exc.field}", str(exc).split(": ", 1)[1]) from None
+
+
+def profile_spec(options: executor_pb2.ProfileOptions, field: str = "directive.profile") -> ProfileSpec:
+    warmup = options.warmup_iters if options.HasField("warmup_iters") else DEFAULT_WARMUP_ITERS
+    try:
+        return ProfileSpec(mode="epoch" if options.full_epoch else "sampled", warmup_iters=warmup,
+                           measure_iters=options.measure_iters or DEFAULT_MEASURE_ITERS)
+    except SpecError as exc:
+        raise DirectiveError(f"{field}.{exc.field.removeprefix('profile.')}", str(exc).split(": ", 1)[1]) from None
+
+
+def directive(d: executor_pb2.Directive, rpc_kind: int | None = None) -> Directive:
+    """The Directive of a StartJob/ResizeJob/StopJob request (rpc_kind: the RPC's DirectiveKind; an
+    unset kind means that one) or of a streamed directive (rpc_kind None: kind must be set)."""
+    _problem(validation.id_problem("directive.directive_id", d.directive_id))
+    kind = d.kind or rpc_kind
+    if kind not in _KINDS:
+        raise DirectiveError("directive.kind", f"{d.kind} is not START, RESIZE or STOP")
+    if rpc_kind is not None and kind != rpc_kind:
+        raise DirectiveError("directive.kind", f"{executor_pb2.DirectiveKind.Name(d.kind)} sent to the "
+                             f"{executor_pb2.DirectiveKind.Name(rpc_kind)} call")
+    _problem(validation.id_problem("directive.job.job_id", d.job.job_id))
+    if kind == executor_pb2.DIRECTIVE_KIND_STOP:
+        return Directive(d.directive_id, DirectiveKind.STOP, d.job.job_id)
+    spec = train_spec(d.job)
+    _problem(validation.gpu_refs_problem("directive.gpus", d.gpus))
+    if d.rendezvous_endpoint:
+        _problem(validation.address_problem("directive.rendezvous_endpoint", d.rendezvous_endpoint))
+    if d.attempt_id:
+        _problem(validation.id_problem("directive.attempt_id", d.attempt_id))
+    profile = profile_spec(d.profile) if d.HasField("profile") else None
+    return Directive(
+        directive_id=d.directive_id, kind=_KINDS[kind], job_id=spec.job_id, spec=spec,
+        gpus=tuple(Gpu(g.node_id, g.index) for g in d.gpus), rendezvous=d.rendezvous_endpoint,
+        attempt_id=d.attempt_id, checkpoint_dir=d.checkpoint_dir, profile=profile)
+
+
+def gpu_ref(gpu: Gpu) -> common_pb2.GpuRef:
+    return common_pb2.GpuRef(node_id=gpu.node_id, index=gpu.index)
+
+
+def gpu(ref: common_pb2.GpuRef) -> Gpu:
+    return Gpu(ref.node_id, ref.index)
+
+
+def event(e: Event) -> executor_pb2.ExecutorEvent:
+    return executor_pb2.ExecutorEvent(
+        seq=e.seq, node_id=e.node_id, job_id=e.job_id, kind=_EVENT_KINDS[e.kind], time_unix_s=e.time_unix_s,
+        epoch=e.epoch, epoch_seconds=e.epoch_seconds, loss=e.loss, accuracy=e.accuracy, lr=e.lr,
+        world_size=e.world_size, gpus=[gpu_ref(g) for g in e.gpus], attempt_id=e.attempt_id, message=e.message,
+        iter_seconds=e.iter_seconds, steps=e.steps, global_batch=e.global_batch, restarts=e.restarts)
+
+
+def job_state(state: JobState, profiling: bool = False) -> int:
+    """The planner-level JobState of an executor state (a running trial is PROFILING)."""
+    if profiling and state in (JobState.STARTING, JobState.RUNNING):
+        return common_pb2.JOB_STATE_PROFILING
+    return _STATES[state]
+
+
+def job(view: JobView) -> executor_pb2.ExecutorJob:
+    return executor_pb2.ExecutorJob(
+        job_id=view.job_id, attempt_id=view.attempt_id, local_gpus=[gpu_ref(g) for g in view.local_gpus],
+        world_size=view.world_size, epochs_done=view.epochs_done, state=job_state(view.state, view.profile),
+        phase=view.state.value, restarts=view.restarts, profile=view.profile, worker_pids=list(view.worker_pids),
+        message=view.message)

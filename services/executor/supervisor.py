@@ -1,0 +1,662 @@
+"""The jobs of one executor node: directives in, worker processes and events out.
+
+`Supervisor` keeps, per job, the local part of its current attempt (the
+ranks whose GPU lives on this node), starts them with
+`services.executor.worker.launch.WorkerGroup`, turns the workers' JSON records
+into `Event`s of an in-memory, monotonic `EventLog`, and decides what to do
+when the workers exit. Deciding is the pure function `decide`; doing it is
+`Supervisor._after_exit`.
+
+A job may span executors: each executor starts only its own ranks; rank 0
+hosts the c10d TCPStore at the directive's rendezvous endpoint; every rank of
+an attempt uses the store under the prefix ``attempt_id`` (restart n after a
+worker failure uses the prefix ``<attempt_id>.r<n>``; events and GetJobs keep
+naming the directive's ``attempt_id``), and all ranks share the checkpoint
+folder. Only the node that hosts rank 0 sees the per-epoch
+records, so only it emits EPOCH_DONE, FINISHED and PROFILED; every node
+emits STARTED, GPUS_RELEASED and FAILED for its own ranks.
+
+Directives (`apply`, idempotent on directive_id, one at a time):
+
+START   claim the local GPUs in the registry (all or nothing), launch.
+RESIZE  claim the new local GPUs, ask the workers to stop at the end of the
+        current epoch (they checkpoint first), then release the GPUs that
+        are not in the new set (GPUS_RELEASED) and start the new attempt from
+        the checkpoint. A node with no rank in the new set stops its ranks and
+        releases all its GPUs; a node with no rank in the old set starts its
+        new ranks at once (they wait in the rendezvous for the others).
+STOP    ask the workers to stop at the end of the current epoch, release.
+
+A worker that dies makes the others stop (`WorkerGroup`); the job restarts
+from the newest checkpoint (so at most the epoch in progress is lost) up to
+``max_restarts`` times, then fails. Bad directives raise `DirectiveError`
+(field + problem; the servicer answers INVALID_ARGUMENT) or `ConflictError`
+(FAILED_PRECONDITION) before anything changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import os
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import AsyncIterator, Protocol, Sequence
+
+from services.common.logging import get_logger
+from services.executor.state import JobState, check_move
+from services.executor.worker.launch import LaunchResult, WorkerGroup, free_port
+from services.executor.worker.spec import AttemptSpec, ProfileSpec, TrainSpec
+
+log = get_logger(__name__)
+
+#: Directive ids remembered for idempotency (oldest forgotten first).
+SEEN_DIRECTIVES = 10_000
+
+
+# --- data ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU (or CPU slot) of the cluster."""
+
+    node_id: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.node_id}:{self.index}"
+
+
+class DirectiveKind(str, enum.Enum):
+    START = "start"
+    RESIZE = "resize"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class Directive:
+    """What to do with one job (see executor.proto Directive).
+
+    rendezvous "" = this executor picks a free local port at every launch
+    (only for jobs whose ranks all live here); attempt_id "" = a fresh one;
+    checkpoint_dir "" = the executor's own folder for the job. spec is None
+    for STOP.
+    """
+
+    directive_id: str
+    kind: DirectiveKind
+    job_id: str
+    spec: TrainSpec | None = None
+    gpus: tuple[Gpu, ...] = ()
+    rendezvous: str = ""
+    attempt_id: str = ""
+    checkpoint_dir: str = ""
+    profile: ProfileSpec | None = None
+
+
+class EventKind(str, enum.Enum):
+    STARTED = "started"
+    EPOCH_DONE = "epoch_done"
+    FINISHED = "finished"
+    GPUS_RELEASED = "gpus_released"
+    FAILED = "failed"
+    PROFILED = "profiled"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of the event log (fields as in executor.proto ExecutorEvent).
+
+    STARTED: epoch = epochs already done (the resume point), restarts so far.
+    EPOCH_DONE: epoch (1-based), epoch_seconds, loss, accuracy, lr, steps.
+    FINISHED: epoch = epochs, accuracy, loss. PROFILED: iter_seconds,
+    epoch_seconds, steps. GPUS_RELEASED: gpus = the GPUs given back.
+    """
+
+    seq: int
+    node_id: str
+    job_id: str
+    kind: EventKind
+    time_unix_s: float
+    attempt_id: str = ""
+    epoch: int = 0
+    epoch_seconds: float = 0.0
+    loss: float = 0.0
+    accuracy: float = 0.0
+    lr: float = 0.0
+    world_size: int = 0
+    gpus: tuple[Gpu, ...] = ()
+    message: str = ""
+    iter_seconds: float = 0.0
+    steps: int = 0
+    global_batch: int = 0
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as this executor sees it (GetJobs)."""
+
+    job_id: str
+    state: JobState
+    attempt_id: str
+    local_gpus: tuple[Gpu, ...]
+    world_size: int
+    epochs_done: int
+    restarts: int
+    profile: bool
+    worker_pids: tuple[int, ...]
+    message: str
+
+
+class DirectiveError(ValueError):
+    """A directive that is wrong in itself; ``field`` names the bad field."""
+
+    def __init__(self, field_name: str, problem: str):
+        super().__init__(f"{field_name}: {problem}")
+        self.field = field_name
+
+
+class ConflictError(RuntimeError):
+    """A directive that clashes with what runs (GPU owned by another job, job already running)."""
+
+
+class GpuClaims(Protocol):
+    """GPU ownership (the registry): all-or-nothing claims per job."""
+
+    async def claim(self, job_id: str, gpus: Sequence[Gpu]) -> None:
+        """Claim the GPUs for the job; ConflictError naming the owner when one is taken."""
+
+    async def release(self, job_id: str, gpus: Sequence[Gpu]) -> None:
+        """Give the job's claims on the GPUs back."""
+
+
+# --- the event log ---------------------------------------------------------------------
+
+
+class EventLog:
+    """In-memory, append-only log with seq 1, 2, 3, ...; `follow` replays then waits."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self._events: list[Event] = []
+        self._changed = asyncio.Event()
+
+    @property
+    def last_seq(self) -> int:
+        return len(self._events)
+
+    def append(self, job_id: str, kind: EventKind, **fields) -> Event:
+        event = Event(seq=len(self._events) + 1, node_id=self.node_id, job_id=job_id, kind=kind,
+                      time_unix_s=time.time(), **fields)
+        self._events.append(event)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        log.info("executor_event", job_id=job_id, kind=kind.value, seq=event.seq, attempt_id=event.attempt_id,
+                 epoch=event.epoch, message=event.message)
+        return event
+
+    def since(self, after_seq: int) -> list[Event]:
+        return self._events[max(after_seq, 0):]
+
+    async def follow(self, after_seq: int = 0) -> AsyncIterator[Event]:
+        """Every event with seq > after_seq, then each new one as it comes (forever)."""
+        position = max(after_seq, 0)
+        while True:
+            changed = self._changed
+            while position < len(self._events):
+                yield self._events[position]
+                position += 1
+            await changed.wait()
+
+
+# --- deciding --------------------------------------------------------------------------
+
+
+class Action(str, enum.Enum):
+    FINISH = "finish"  # all epochs done (or profiled): release everything
+    STOP = "stop"  # stopped at an epoch boundary (asked here or by a peer): release everything
+    RESTART = "restart"  # a worker died: same GPUs, from the newest checkpoint
+    MOVE = "move"  # resize: release the GPUs not in the new set, start on the new set
+    FAIL = "fail"  # give up: release everything
+
+
+def decide(state: JobState, outcome: str, all_epochs_done: bool, restarts: int, max_restarts: int,
+           has_new_local: bool, profiling: bool) -> Action:
+    """What to do once every local worker of an attempt has exited.
+
+    outcome is `LaunchResult.outcome`; all_epochs_done says whether the
+    checkpoint folder holds the last epoch (how a node without rank 0 tells
+    "finished" from "stopped by a peer"); has_new_local says whether a pending
+    resize puts ranks on this node.
+    """
+    if outcome in ("finished", "profiled") or (outcome == "exited" and (all_epochs_done or profiling)):
+        return Action.FINISH
+    if outcome == "failed":
+        if state is JobState.STOPPING:
+            return Action.STOP
+        if profiling or restarts >= max_restarts:
+            return Action.FAIL
+        if state is JobState.RESIZING:
+            return Action.MOVE if has_new_local else Action.STOP
+        return Action.RESTART
+    if state is JobState.RESIZING and has_new_local:
+        return Action.MOVE
+    return Action.STOP
+
+
+# --- doing -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    """Mutable record of one job on this node (only touched under the supervisor's lock)."""
+
+    spec: TrainSpec
+    gpus: tuple[Gpu, ...]
+    rendezvous: str
+    attempt_base: str
+    checkpoint_dir: str
+    profile: ProfileSpec | None
+    state: JobState = JobState.STARTING
+    restarts: int = 0  # after worker failures, over the job's life here
+    retry: int = 0  # restarts of the current attempt_base (store prefix <attempt_base>.r<retry>)
+    epochs_done: int = 0
+    attempt: AttemptSpec | None = None
+    log_file: object = None
+    group: WorkerGroup | None = None
+    task: asyncio.Task | None = None
+    pending: Directive | None = None
+    started_ranks: set[int] = field(default_factory=set)
+    note: str = ""
+    message: str = ""
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    def move(self, new: JobState, message: str = "") -> None:
+        log.info("job_state", job_id=self.job_id, old=self.state.value, new=new.value, message=message)
+        self.state = check_move(self.state, new)
+        if message:
+            self.message = message
+
+
+def local_ranks(gpus: Sequence[Gpu], node_id: str) -> list[int]:
+    return [rank for rank, g in enumerate(gpus) if g.node_id == node_id]
+
+
+class Supervisor:
+    """Runs the directives of one node; see the module docstring."""
+
+    def __init__(self, node_id: str, devices: dict[int, str], claims: GpuClaims, work_dir: str | os.PathLike | None = None,
+                 max_restarts: int = 2, grace_s: float = 5.0, python: str = sys.executable,
+                 rendezvous_timeout_s: float = 300.0, host: str = "127.0.0.1") -> None:
+        """devices: GPU index on this node -> worker device ("cpu" for a CPU slot, else the GPU index)."""
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts {max_restarts!r} is negative")
+        self.node_id = node_id
+        self.devices = dict(devices)
+        self.claims = claims
+        self.max_restarts = max_restarts
+        self.grace_s = grace_s
+        self.python = python
+        self.rendezvous_timeout_s = rendezvous_timeout_s
+        self.host = host
+        self._own_tmp = None
+        if work_dir is None:
+            self._own_tmp = tempfile.TemporaryDirectory(prefix=f"omru-executor-{node_id}-")
+            work_dir = self._own_tmp.name
+        self.work_dir = Path(work_dir)
+        self.events = EventLog(node_id)
+        self._jobs: dict[str, _Job] = {}
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._lock = asyncio.Lock()
+        self._closing = False
+
+    # --- queries ---------------------------------------------------------------------
+
+    def jobs(self) -> list[JobView]:
+        return [self._view(j) for _, j in sorted(self._jobs.items())]
+
+    def _view(self, job: _Job) -> JobView:
+        group = job.group
+        pids = tuple(p.pid for r, p in sorted(group.procs.items()) if p.returncode is None) if group and job.state.active else ()
+        return JobView(job.job_id, job.state, job.attempt_base,
+                       tuple(job.gpus[r] for r in local_ranks(job.gpus, self.node_id)), len(job.gpus),
+                       job.epochs_done, job.restarts, job.profile is not None, pids, job.message)
+
+    # --- directives ------------------------------------------------------------------
+
+    async def apply(self, directive: Directive) -> bool:
+        """Carry the directive out; True when its id was seen before (nothing redone)."""
+        if self._closing:
+            raise ConflictError(f"executor of node {self.node_id} is shutting down")
+        async with self._lock:
+            if directive.directive_id in self._seen:
+                return True
+            handler = {DirectiveKind.START: self._start, DirectiveKind.RESIZE: self._resize,
+                       DirectiveKind.STOP: self._stop}[directive.kind]
+            await handler(directive)
+            self._seen[directive.directive_id] = None
+            while len(self._seen) > SEEN_DIRECTIVES:
+                self._seen.popitem(last=False)
+            return False
+
+    def _local(self, d: Directive) -> list[tuple[int, Gpu]]:
+        """(rank, GPU) of the directive's ranks on this node; DirectiveError when the node cannot host them."""
+        mine = [(rank, g) for rank, g in enumerate(d.gpus) if g.node_id == self.node_id]
+        if len(mine) > len(self.devices):
+            raise DirectiveError("directive.gpus", f"{len(mine)} GPUs on node {self.node_id}, which has only "
+                                 f"{len(self.devices)} slots")
+        for rank, g in mine:
+            if g.index not in self.devices:
+                raise DirectiveError(f"directive.gpus[{rank}].index", f"{g.index} is out of range on node "
+                                     f"{self.node_id} (slots {sorted(self.devices)})")
+        spec = d.spec
+        if spec is not None and not spec.min_gpus <= len(d.gpus) <= spec.max_gpus:
+            raise DirectiveError("directive.gpus", f"{len(d.gpus)} ranks, but job {d.job_id} runs on "
+                                 f"{spec.min_gpus}..{spec.max_gpus} GPUs (job.min_gpus, job.max_gpus)")
+        spans = any(g.node_id != self.node_id for g in d.gpus)
+        if mine and spans:
+            if not d.rendezvous:
+                raise DirectiveError("directive.rendezvous_endpoint", "is required when the job spans nodes")
+            if not d.attempt_id:
+                raise DirectiveError("directive.attempt_id", "is required when the job spans nodes")
+            if not d.checkpoint_dir and d.profile is None:
+                raise DirectiveError("directive.checkpoint_dir", "is required (a folder all nodes share) when the "
+                                     "job spans nodes")
+        return mine
+
+    def _check_free(self, job_id: str, gpus: Sequence[Gpu]) -> None:
+        for other in self._jobs.values():
+            if other.job_id == job_id or not other.state.active:
+                continue
+            held = set(other.gpus) | set(other.pending.gpus if other.pending else ())
+            for g in gpus:
+                if g in held:
+                    raise ConflictError(f"GPU {g} is held by job {other.job_id!r} (state {other.state})")
+
+    async def _check_checkpoint(self, spec: TrainSpec, checkpoint_dir: str) -> None:
+        """DirectiveError when the newest checkpoint in the folder belongs to another model or configuration."""
+
+        def check() -> None:
+            from services.executor.worker import checkpoint
+
+            newest = checkpoint.latest(checkpoint_dir)
+            if newest is not None:
+                checkpoint.load(newest, spec.model, spec.fingerprint())
+
+        from services.executor.worker.checkpoint import CheckpointError
+
+        try:
+            await asyncio.to_thread(check)
+        except CheckpointError as exc:
+            raise DirectiveError("directive.checkpoint_dir", str(exc)) from None
+
+    def _checkpoint_dir(self, d: Directive, attempt_base: str) -> str:
+        if d.profile is not None:  # a trial keeps no state: a private folder (holds only the stop file)
+            return str(self.work_dir / "profile" / attempt_base)
+        return d.checkpoint_dir or str(self.work_dir / "jobs" / d.job_id / "checkpoints")
+
+    async def _start(self, d: Directive) -> None:
+        job = self._jobs.get(d.job_id)
+        if job is not None and job.state.active:
+            raise ConflictError(f"job {d.job_id!r} already runs on node {self.node_id} (state {job.state}); "
+                                f"send RESIZE or STOP")
+        mine = self._local(d)
+        if not mine:
+            raise DirectiveError("directive.gpus", f"names no GPU of node {self.node_id}")
+        gpus = [g for _, g in mine]
+        self._check_free(d.job_id, gpus)
+        attempt_base = d.attempt_id or f"{d.job_id[:100]}-{uuid.uuid4().hex[:8]}"
+        checkpoint_dir = self._checkpoint_dir(d, attempt_base)
+        if d.profile is None:
+            await self._check_checkpoint(d.spec, checkpoint_dir)
+        await self.claims.claim(d.job_id, gpus)
+        job = _Job(spec=d.spec, gpus=d.gpus, rendezvous=d.rendezvous, attempt_base=attempt_base,
+                   checkpoint_dir=checkpoint_dir, profile=d.profile)
+        self._jobs[d.job_id] = job
+        job.task = asyncio.get_running_loop().create_task(self._run(job), name=f"job-{d.job_id}")
+
+    async def _resize(self, d: Directive) -> None:
+        job = self._jobs.get(d.job_id)
+        if job is None or not job.state.active:
+            if local_ranks(d.gpus, self.node_id):
+                await self._start(d)  # the job comes (back) to this node
+            return
+        if job.profile is not None or d.profile is not None:
+            raise ConflictError(f"job {d.job_id!r} is a profiling trial on node {self.node_id}; trials are not resized")
+        if job.state is JobState.STOPPING:
+            raise ConflictError(f"job {d.job_id!r} is stopping on node {self.node_id}; send START once it stopped")
+        if d.spec.fingerprint() != job.spec.fingerprint() or d.spec.model != job.spec.model:
+            raise DirectiveError("directive.job", f"differs from the running job {d.job_id!r} (model, classes or input)")
+        new = [g for _, g in self._local(d)]
+        self._check_free(d.job_id, new)
+        if new:
+            await self.claims.claim(d.job_id, new)
+        previous = job.pending
+        job.pending = d
+        if previous is not None:  # a newer resize replaces a pending one
+            await self._release(job, [g for g in previous.gpus if g.node_id == self.node_id
+                                      and g not in job.gpus and g not in new], announce=False)
+        if job.state is not JobState.RESIZING:
+            job.move(JobState.RESIZING, f"resize to {len(d.gpus)} GPUs requested by {d.directive_id}")
+        if job.group is not None:
+            job.group.request_stop()
+
+    async def _stop(self, d: Directive) -> None:
+        job = self._jobs.get(d.job_id)
+        if job is None or not job.state.active or job.state is JobState.STOPPING:
+            return
+        if job.pending is not None:
+            pending, job.pending = job.pending, None
+            await self._release(job, [g for g in pending.gpus if g.node_id == self.node_id and g not in job.gpus],
+                                announce=False)
+        job.move(JobState.STOPPING, f"stop requested by {d.directive_id}")
+        if job.group is not None:
+            job.group.request_stop()
+
+    # --- the job's life --------------------------------------------------------------
+
+    def _launch_attempt(self, job: _Job) -> AttemptSpec:
+        suffix = f".r{job.retry}" if job.retry else ""
+        attempt_id = f"{job.attempt_base}{suffix}"
+        rendezvous = job.rendezvous or f"{self.host}:{free_port(self.host)}"
+        devices = tuple(self.devices[g.index] if g.node_id == self.node_id else "cpu" for g in job.gpus)
+        return AttemptSpec(attempt_id=attempt_id, world_size=len(job.gpus), rendezvous=rendezvous,
+                           checkpoint_dir=job.checkpoint_dir, devices=devices,
+                           stop_file=os.path.join(job.checkpoint_dir, f".stop-{attempt_id}"), profile=job.profile,
+                           timeout_s=self.rendezvous_timeout_s)
+
+    async def _run(self, job: _Job) -> None:
+        try:
+            while True:
+                async with self._lock:
+                    group = await self._start_group(job)
+                result = await group.wait() if group is not None else None
+                async with self._lock:
+                    if result is None or not await self._after_exit(job, result):
+                        return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug or the OS refused: never leave a job silently stuck
+            log.exception("job_supervision_failed", job_id=job.job_id)
+            async with self._lock:
+                if job.state.active:
+                    await self._end(job, JobState.FAILED, f"executor error: {type(exc).__name__}: {exc}")
+
+    async def _start_group(self, job: _Job) -> WorkerGroup | None:
+        job.attempt = attempt = self._launch_attempt(job)
+        job.started_ranks = set()
+        os.makedirs(job.checkpoint_dir, exist_ok=True)
+        logs = self.work_dir / "logs" / job.job_id
+        logs.mkdir(parents=True, exist_ok=True)
+        stderr = open(logs / f"{attempt.attempt_id}.log", "a", buffering=1)
+        group = WorkerGroup(job.spec, attempt, local_ranks(job.gpus, self.node_id),
+                            on_record=lambda record: self._on_record(job, attempt, record), python=self.python,
+                            grace_s=self.grace_s, stderr_to=stderr)
+        job.group = group
+        try:
+            await group.start()
+        except OSError as exc:
+            stderr.close()
+            await group.terminate()
+            await self._end(job, JobState.FAILED, f"workers could not start: {exc}")
+            return None
+        if job.state in (JobState.RESIZING, JobState.STOPPING):
+            group.request_stop()
+        job.log_file = stderr
+        return group
+
+    def _on_record(self, job: _Job, attempt: AttemptSpec, record: dict) -> None:
+        if job.attempt is not attempt:
+            return
+        kind = record.get("event")
+        common = {"attempt_id": job.attempt_base, "world_size": attempt.world_size}
+        if kind == "started":
+            job.started_ranks.add(int(record.get("rank", -1)))
+            job.epochs_done = max(job.epochs_done, int(record.get("start_epoch") or 0))
+            if len(job.started_ranks) == len(local_ranks(job.gpus, self.node_id)):
+                if job.state is JobState.STARTING:
+                    job.move(JobState.RUNNING)
+                local = tuple(job.gpus[r] for r in local_ranks(job.gpus, self.node_id))
+                where = f"{record.get('backend')} on {record.get('device')}, store prefix {attempt.attempt_id}"
+                message = "; ".join(m for m in (job.note, where) if m)
+                if record.get("resumed_from"):
+                    message += f"; resumed from {os.path.basename(record['resumed_from'])}"
+                self.events.append(job.job_id, EventKind.STARTED, epoch=int(record.get("start_epoch") or 0),
+                                   gpus=local, lr=float(record.get("lr") or 0.0),
+                                   global_batch=int(record.get("global_batch") or 0), restarts=job.restarts,
+                                   message=message, **common)
+        elif kind == "epoch_done":
+            job.epochs_done = max(job.epochs_done, int(record["epoch"]))
+            self.events.append(job.job_id, EventKind.EPOCH_DONE, epoch=int(record["epoch"]),
+                               epoch_seconds=float(record["epoch_seconds"]), loss=float(record["loss"]),
+                               accuracy=float(record["accuracy"]), lr=float(record["lr"]),
+                               steps=int(record.get("steps") or 0), global_batch=int(record.get("global_batch") or 0),
+                               **common)
+        elif kind == "stopped":
+            job.epochs_done = max(job.epochs_done, int(record.get("epoch") or 0))
+
+    def _all_epochs_done(self, job: _Job) -> bool:
+        from services.executor.worker import checkpoint
+
+        found = checkpoint.list_checkpoints(job.checkpoint_dir)
+        done = found[-1][0] if found else 0
+        job.epochs_done = max(job.epochs_done, done)
+        return done >= job.spec.epochs
+
+    async def _after_exit(self, job: _Job, result: LaunchResult) -> bool:
+        """Carry out `decide`; True when a new attempt must be launched."""
+        if job.log_file is not None:
+            job.log_file.close()
+            job.log_file = None
+        all_done = result.outcome == "exited" and job.profile is None and self._all_epochs_done(job)
+        pending_local = local_ranks(job.pending.gpus, self.node_id) if job.pending else []
+        action = decide(job.state, result.outcome, all_done, job.restarts, self.max_restarts, bool(pending_local),
+                        job.profile is not None)
+        log.info("attempt_exited", job_id=job.job_id, attempt_id=job.attempt.attempt_id, outcome=result.outcome,
+                 state=job.state.value, action=action.value, message=result.message, returncodes=result.returncodes)
+        if self._closing and action in (Action.RESTART, Action.MOVE):
+            action = Action.STOP
+        if action is Action.FINISH:
+            self._report_final(job, result)
+            await self._end(job, JobState.FINISHED, f"finished {job.epochs_done} epochs" if job.profile is None
+                            else "profiled")
+            return False
+        if action is Action.STOP:
+            await self._end(job, JobState.STOPPED, f"stopped after epoch {job.epochs_done}"
+                            + (f" ({result.message})" if result.message else ""))
+            return False
+        if action is Action.FAIL:
+            why = result.message or f"workers ended with outcome {result.outcome}"
+            if job.profile is None:
+                why = f"gave up after {job.restarts} restarts: {why}"
+            await self._end(job, JobState.FAILED, why)
+            return False
+        if result.outcome == "failed":
+            job.restarts += 1
+            job.note = f"restart {job.restarts}/{self.max_restarts} after: {result.message}"
+        else:
+            job.note = ""
+        if action is Action.RESTART:
+            job.retry += 1
+            job.move(JobState.RESTARTING, result.message)
+            job.move(JobState.STARTING)
+            return True
+        # MOVE: give back what the new set does not use, then start on it.
+        target, job.pending = job.pending, None
+        await self._release(job, [g for g in job.gpus if g.node_id == self.node_id and g not in target.gpus])
+        job.gpus, job.rendezvous = target.gpus, target.rendezvous
+        job.attempt_base = target.attempt_id or f"{job.job_id[:100]}-{uuid.uuid4().hex[:8]}"
+        job.retry = 0
+        job.move(JobState.STARTING, f"resized to {len(target.gpus)} GPUs by {target.directive_id}")
+        return True
+
+    def _report_final(self, job: _Job, result: LaunchResult) -> None:
+        common = {"attempt_id": job.attempt_base, "world_size": job.attempt.world_size}
+        if result.outcome == "finished":
+            final = result.of("finished")[-1]
+            self.events.append(job.job_id, EventKind.FINISHED, epoch=int(final.get("epochs") or job.spec.epochs),
+                               accuracy=float(final.get("accuracy") or 0.0), loss=float(final.get("loss") or 0.0),
+                               epoch_seconds=0.0, message=f"{final.get('seconds', 0.0):.1f} s in this attempt", **common)
+        elif result.outcome == "profiled":
+            p = result.of("profile")[-1]
+            self.events.append(job.job_id, EventKind.PROFILED, iter_seconds=float(p["iter_seconds"]),
+                               epoch_seconds=float(p["epoch_seconds"]), steps=int(p["steps"]),
+                               global_batch=int(p["global_batch"]),
+                               message=f"{p['mode']}: {p['iters']} iterations after {p['warmup_iters']} warm-up on "
+                                       f"{p['device']}", **common)
+
+    async def _end(self, job: _Job, state: JobState, message: str) -> None:
+        """Terminal for this node: state, FAILED event when failing, release every local GPU (GPUS_RELEASED)."""
+        if job.group is not None:
+            await job.group.terminate()
+        job.move(state, message)
+        if state is JobState.FAILED:
+            self.events.append(job.job_id, EventKind.FAILED, message=message, restarts=job.restarts,
+                               attempt_id=job.attempt_base, world_size=len(job.gpus))
+        held = [g for g in job.gpus if g.node_id == self.node_id]
+        if job.pending is not None:
+            held += [g for g in job.pending.gpus if g.node_id == self.node_id and g not in held]
+            job.pending = None
+        await self._release(job, held)
+
+    async def _release(self, job: _Job, gpus: list[Gpu], announce: bool = True) -> None:
+        if not gpus:
+            return
+        note = ""
+        try:
+            await self.claims.release(job.job_id, gpus)
+        except Exception as exc:  # the node lease drops the claims anyway when the registry is gone
+            note = f"registry release failed: {exc}"
+            log.warning("gpu_release_failed", job_id=job.job_id, gpus=[str(g) for g in gpus], error=str(exc))
+        if announce:
+            self.events.append(job.job_id, EventKind.GPUS_RELEASED, gpus=tuple(gpus), message=note,
+                               attempt_id=job.attempt_base, world_size=len(job.gpus),
+                               epoch=job.epochs_done)
+
+    # --- shutdown --------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop every worker now (SIGTERM, then SIGKILL) and release the GPUs."""
+        self._closing = True
+        for job in list(self._jobs.values()):
+            if job.group is not None:
+                await job.group.terminate()
+        tasks = [j.task for j in self._jobs.values() if j.task is not None and not j.task.done()]
+        if tasks:
+            done, pending = await asyncio.wait(tasks, timeout=self.grace_s + 10)
+            for t in pending:
+                t.cancel()
+        if self._own_tmp is not None:
+            with contextlib.suppress(OSError):
+                self._own_tmp.cleanup()

@@ -1,0 +1,108 @@
+"""ExecutorService under worker failure and bad directives: a killed worker
+costs at most the epoch in progress; restarts are bounded; every bad directive
+is refused naming the problem and the running job goes on untouched."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from omru.v1 import executor_pb2, registry_pb2, registry_pb2_grpc
+from services.common.channels import open_channel
+from services.executor.worker import checkpoint
+from tests.executor.service_builders import (K, RESIZE, START, claims_of, directive, executors, gpu, is_event, kill,
+                                             tiny_job)
+from tests.platform.platform_helpers import rpc_error
+
+
+async def test_a_killed_worker_restarts_from_the_last_checkpoint_and_loses_at_most_that_epoch(registry, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 2)) as (ex,):
+        events = ex.events()
+        job = tiny_job("crash", epochs=4, train_samples=256)
+        await ex.start_job(directive("d1", START, job, [gpu("n1", 0), gpu("n1", 1)]))
+        await events.wait_for(is_event("crash", K.EXECUTOR_EVENT_KIND_EPOCH_DONE, epoch=1))
+        await asyncio.sleep(0.3)  # into epoch 2
+        before = (await ex.job("crash"))
+        done_at_kill = len(events.of("crash", K.EXECUTOR_EVENT_KIND_EPOCH_DONE))
+        kill(before.worker_pids[1])
+
+        restarted = await events.wait_for(is_event("crash", K.EXECUTOR_EVENT_KIND_STARTED, restarts=1))
+        assert restarted.epoch == done_at_kill  # resumes after the last completed epoch: nothing completed is lost
+        assert "killed by signal 9" in restarted.message
+        assert restarted.attempt_id == before.attempt_id  # the directive's attempt, on a fresh store prefix:
+        assert f"store prefix {before.attempt_id}.r1" in restarted.message
+        await events.wait_for(is_event("crash", K.EXECUTOR_EVENT_KIND_FINISHED))
+        assert [e.epoch for e in events.of("crash", K.EXECUTOR_EVENT_KIND_EPOCH_DONE)] == [1, 2, 3, 4]
+        job_now = await ex.job("crash")
+        assert (job_now.phase, job_now.restarts, job_now.epochs_done) == ("finished", 1, 4)
+        events.close()
+
+
+async def test_a_job_whose_workers_keep_dying_fails_after_max_restarts_and_releases_its_gpus(registry, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 1), max_restarts=0) as (ex,):
+        events = ex.events()
+        await ex.start_job(directive("d1", START, tiny_job("doomed", epochs=50), [gpu("n1", 0)]))
+        await events.wait_for(is_event("doomed", K.EXECUTOR_EVENT_KIND_STARTED))
+        kill((await ex.job("doomed")).worker_pids[0])
+        failed = await events.wait_for(is_event("doomed", K.EXECUTOR_EVENT_KIND_FAILED))
+        assert "gave up after 0 restarts" in failed.message and "killed by signal 9" in failed.message
+        await events.wait_for(is_event("doomed", K.EXECUTOR_EVENT_KIND_GPUS_RELEASED))
+        assert (await ex.job("doomed")).phase == "failed"
+        assert await claims_of(registry.address, "doomed") == []
+        events.close()
+
+
+def _foreign_checkpoint(folder) -> str:
+    """A real checkpoint file of a resnet18 job (what another job left in the folder)."""
+    return checkpoint.save(str(folder), {"job_id": "other", "model_name": "resnet18", "fingerprint": "f" * 16,
+                                         "epoch": 1, "world_size": 1, "model": {}, "optimizer": {},
+                                         "lr_schedule": {}, "rng": {}, "history": []})
+
+
+async def test_each_bad_directive_is_refused_naming_the_problem_and_the_running_job_goes_on(registry, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 2)) as (ex,):
+        events = ex.events()
+        await ex.start_job(directive("run", START, tiny_job("victim", epochs=4), [gpu("n1", 0)]))
+        await events.wait_for(is_event("victim", K.EXECUTOR_EVENT_KIND_STARTED))
+        # another job owns n1:1 in the registry
+        async with open_channel(registry.address) as channel:
+            await registry_pb2_grpc.RegistryServiceStub(channel).ClaimGpus(
+                registry_pb2.ClaimGpusRequest(job_id="owner", gpus=[gpu("n1", 1)]), timeout=10)
+        foreign = tmp_path / "foreign"
+        _foreign_checkpoint(foreign)
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
+        precondition = grpc.StatusCode.FAILED_PRECONDITION
+        cases = [
+            (directive("b1", START, tiny_job("bad", model="no-such-net"), [gpu("n1", 1)]), invalid,
+             "directive.job.model: unknown model 'no-such-net'"),
+            (directive("b2", START, tiny_job("bad"), [gpu("n1", 0), gpu("n1", 1), gpu("n1", 2)]), invalid,
+             "directive.gpus: 3 GPUs on node n1, which has only 2 slots"),
+            (directive("b3", START, tiny_job("bad"), [gpu("n1", 7)]), invalid, "directive.gpus[0].index: 7 is out of range"),
+            (directive("b4", START, tiny_job("bad"), [gpu("n1", 1)]), precondition, "'owner'"),
+            (directive("b5", START, tiny_job("bad"), [gpu("n1", 0)]), precondition, "n1:0 is held by job 'victim'"),
+            (directive("b6", START, tiny_job("bad"), [gpu("n1", 1)], checkpoint_dir=str(foreign)), invalid,
+             "directive.checkpoint_dir: checkpoint"),
+            (directive("b7", START, tiny_job("victim"), [gpu("n1", 1)]), precondition, "already runs on node n1"),
+            (directive("", START, tiny_job("bad"), [gpu("n1", 1)]), invalid, "directive.directive_id: is required"),
+            (directive("b8", RESIZE, tiny_job("bad"), [gpu("n1", 1)]), invalid, "directive.kind: DIRECTIVE_KIND_RESIZE"),
+            (directive("b9", START, tiny_job("bad", batch_size=0), [gpu("n1", 1)]), invalid, "directive.job.batch_size"),
+            (directive("b10", START, tiny_job("bad"), []), invalid, "directive.gpus: at least one GPU is required"),
+            (directive("b11", START, tiny_job("bad"), [gpu("n1", 1)],
+                       profile=executor_pb2.ProfileOptions(measure_iters=-1)), invalid, "directive.profile.measure_iters"),
+        ]
+        for d, code, text in cases:
+            err = await rpc_error(ex.start_job(d))
+            assert err.code() == code and text in err.details(), (d.directive_id, err.code(), err.details())
+        assert "holds model 'resnet18'" in (await rpc_error(ex.start_job(cases[5][0]))).details()
+        # a resize of the running job onto a GPU another job owns is refused too, and the job keeps its GPU
+        err = await rpc_error(ex.resize_job(directive("b12", RESIZE, tiny_job("victim", epochs=4), [gpu("n1", 0), gpu("n1", 1)])))
+        assert err.code() == precondition and "owner" in err.details()
+
+        await events.wait_for(is_event("victim", K.EXECUTOR_EVENT_KIND_FINISHED))
+        assert [e.epoch for e in events.of("victim", K.EXECUTOR_EVENT_KIND_EPOCH_DONE)] == [1, 2, 3, 4]
+        assert [e.world_size for e in events.of("victim", K.EXECUTOR_EVENT_KIND_EPOCH_DONE)] == [1] * 4
+        assert not events.of("bad")
+        assert len(events.of("victim", K.EXECUTOR_EVENT_KIND_STARTED)) == 1
+        assert await claims_of(registry.address, "owner") == [("n1", 1)]
+        events.close()

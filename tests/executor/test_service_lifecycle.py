@@ -1,0 +1,83 @@
+"""ExecutorService: a job started by directive trains for real (gloo workers),
+streams its epochs, finishes and gives its GPUs back; directives are idempotent;
+the event log replays; a profiling trial reports its speed."""
+
+from __future__ import annotations
+
+from omru.v1 import common_pb2, executor_pb2
+from tests.executor.service_builders import K, START, STOP, claims_of, directive, executors, gpu, is_event, tiny_job
+
+
+async def test_a_started_job_streams_every_epoch_then_finished_and_gpus_released(registry, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 2)) as (ex,):
+        events = ex.events()
+        d = directive("d-start", START, tiny_job("j1", epochs=3), [gpu("n1", 0), gpu("n1", 1)])
+        assert (await ex.start_job(d)).duplicate is False
+        assert await claims_of(registry.address, "j1") == [("n1", 0), ("n1", 1)]
+        again = await ex.start_job(d)
+        assert again.duplicate is True
+
+        await events.wait_for(is_event("j1", K.EXECUTOR_EVENT_KIND_GPUS_RELEASED))
+        kinds = [e.kind for e in events.of("j1")]
+        assert kinds == [K.EXECUTOR_EVENT_KIND_STARTED, *[K.EXECUTOR_EVENT_KIND_EPOCH_DONE] * 3,
+                         K.EXECUTOR_EVENT_KIND_FINISHED, K.EXECUTOR_EVENT_KIND_GPUS_RELEASED]
+        started = events.of("j1", K.EXECUTOR_EVENT_KIND_STARTED)[0]
+        assert (started.epoch, started.world_size, started.restarts) == (0, 2, 0)
+        epochs = events.of("j1", K.EXECUTOR_EVENT_KIND_EPOCH_DONE)
+        assert [e.epoch for e in epochs] == [1, 2, 3]
+        for e in epochs:
+            assert e.epoch_seconds > 0 and e.loss > 0 and 0 <= e.accuracy <= 1
+            assert e.world_size == 2 and e.global_batch == 16 and e.node_id == "n1"
+            assert abs(e.lr - 0.05 * 16 / 8) < 1e-9  # linear scaling rule: base_lr x global batch / base batch
+        released = events.of("j1", K.EXECUTOR_EVENT_KIND_GPUS_RELEASED)[0]
+        assert sorted((g.node_id, g.index) for g in released.gpus) == [("n1", 0), ("n1", 1)]
+        seqs = [e.seq for e in events.items]
+        assert seqs == list(range(1, len(seqs) + 1))
+
+        job = await ex.job("j1")
+        assert (job.state, job.phase, job.epochs_done, job.world_size) == (common_pb2.JOB_STATE_FINISHED, "finished", 3, 2)
+        assert list(job.worker_pids) == []
+        assert await claims_of(registry.address, "j1") == []
+
+        # The log replays from any seq; a STOP for a finished job changes nothing.
+        replay = ex.events(after_seq=seqs[2])
+        await replay.wait_for(lambda e: e.seq == seqs[-1])
+        assert [e.seq for e in replay.items] == seqs[3:]
+        replay.close()
+        events.close()
+        assert (await ex.stop_job(directive("d-stop", STOP, tiny_job("j1")))).duplicate is False
+        assert (await ex.job("j1")).phase == "finished"
+
+
+async def test_a_stop_directive_ends_the_job_at_an_epoch_boundary_and_releases_its_gpus(registry, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 1)) as (ex,):
+        events = ex.events()
+        await ex.start_job(directive("d1", START, tiny_job("j-stop", epochs=50), [gpu("n1", 0)]))
+        await events.wait_for(is_event("j-stop", K.EXECUTOR_EVENT_KIND_EPOCH_DONE, epoch=1))
+        await ex.stop_job(directive("d2", STOP, tiny_job("j-stop")))
+        released = await events.wait_for(is_event("j-stop", K.EXECUTOR_EVENT_KIND_GPUS_RELEASED))
+        done = [e.epoch for e in events.of("j-stop", K.EXECUTOR_EVENT_KIND_EPOCH_DONE)]
+        assert done == list(range(1, len(done) + 1)) and len(done) < 50
+        assert released.epoch == done[-1]
+        assert not events.of("j-stop", K.EXECUTOR_EVENT_KIND_FINISHED)
+        job = await ex.job("j-stop")
+        assert (job.phase, job.epochs_done) == ("stopped", done[-1])
+        assert await claims_of(registry.address, "j-stop") == []
+        events.close()
+
+
+async def test_a_profile_directive_reports_steady_state_iteration_and_epoch_seconds(registry, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 2)) as (ex,):
+        events = ex.events()
+        options = executor_pb2.ProfileOptions(warmup_iters=1, measure_iters=3)
+        d = directive("p1", START, tiny_job("prof", epochs=5), [gpu("n1", 0), gpu("n1", 1)], profile=options)
+        await ex.start_job(d)
+        profiled = await events.wait_for(is_event("prof", K.EXECUTOR_EVENT_KIND_PROFILED))
+        await events.wait_for(is_event("prof", K.EXECUTOR_EVENT_KIND_GPUS_RELEASED))
+        assert profiled.iter_seconds > 0 and profiled.world_size == 2 and profiled.global_batch == 16
+        assert profiled.steps == 64 // 16  # train_samples / global batch
+        assert abs(profiled.epoch_seconds - profiled.iter_seconds * profiled.steps) < 1e-9
+        assert not events.of("prof", K.EXECUTOR_EVENT_KIND_EPOCH_DONE)  # a trial trains no epoch
+        assert (await ex.job("prof")).state == common_pb2.JOB_STATE_FINISHED
+        assert not (tmp_path / "n1" / "jobs" / "prof").exists()  # and writes no checkpoint
+        events.close()
