@@ -7,14 +7,25 @@ import argparse
 from omru.v1 import profiler_pb2, profiler_pb2_grpc
 from services.common import config as cfg
 from services.common.server import RunningServer, Service, run_main, serve_forever, service_name, start_server
+from services.common.etcd import EtcdStore
 from services.profiler.servicer import ProfilerServicer
+from services.profiler.store import ProfileStore
+from services.profiler.trials import ExecutorTrials
 
 
 async def start(config: cfg.ProfilerConfig, servicer=None) -> RunningServer:
     """Start the profiler on config.server (port 0 = any)."""
-    servicer = servicer if servicer is not None else ProfilerServicer()
+    hooks = []
+    if servicer is None:
+        etcd = EtcdStore(config.etcd.endpoint, config.etcd.prefix, config.etcd.timeout_seconds)
+        await etcd.connect()
+        trials = ExecutorTrials(config.registry, token=config.server.auth_token)
+        servicer = ProfilerServicer(ProfileStore(etcd), trials)
+        hooks = [trials.close, etcd.close]
     service = Service(profiler_pb2_grpc.add_ProfilerServiceServicer_to_server, servicer, service_name(profiler_pb2, "ProfilerService"))
-    return await start_server(config.server, [service])
+    running = await start_server(config.server, [service])
+    running.on_stop.extend(hooks)
+    return running
 
 
 async def serve(config: cfg.ProfilerConfig) -> None:

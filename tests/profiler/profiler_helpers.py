@@ -1,0 +1,46 @@
+"""Builders for the profiler tests: an in-process profiler server on the test
+etcd and registry, a stub to it, tiny jobs, and a helper that drains a
+Profile stream."""
+
+from __future__ import annotations
+
+import contextlib
+
+from omru.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
+from services.common import config as cfg
+from services.common.channels import open_channel
+
+P = profiler_pb2
+
+
+def tiny_job(job_id: str = "p1", **overrides) -> common_pb2.JobSpec:
+    """A job whose trial takes a few seconds on one CPU core."""
+    fields = dict(job_id=job_id, model="mobilenet_v3_small", dataset="synthetic", epochs=1, batch_size=8,
+                  base_lr=0.05, num_classes=4, image_size=16, train_samples=64, seed=3)
+    fields.update(overrides)
+    return common_pb2.JobSpec(**fields)
+
+
+@contextlib.asynccontextmanager
+async def profiler(etcd_endpoint: str, registry_address: str):
+    """A ProfilerServiceStub to a real profiler server (port 0)."""
+    from services.profiler import server
+
+    config = cfg.ProfilerConfig(etcd=cfg.EtcdConfig(endpoint=etcd_endpoint), registry=registry_address)
+    running = await server.start(config)
+    channel = open_channel(running.address)
+    try:
+        yield profiler_pb2_grpc.ProfilerServiceStub(channel)
+    finally:
+        await channel.close()
+        await running.stop(0)
+
+
+async def profile(stub, job: common_pb2.JobSpec, timeout: float = 240, **fields) -> list[profiler_pb2.ProfileProgress]:
+    """Every progress step of one Profile call."""
+    call = stub.Profile(P.ProfileRequest(job=job, **fields), timeout=timeout)
+    return [reply.progress async for reply in call]
+
+
+def points(progress: profiler_pb2.ProfileProgress) -> dict[int, tuple[float, bool]]:
+    return {p.gpus: (p.epoch_seconds, p.measured) for p in progress.profile.points}

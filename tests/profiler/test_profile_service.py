@@ -1,0 +1,90 @@
+"""ProfilerService against real etcd, registry, executor servers and gloo
+workers: trials run through the executors, profiles are stored and reused,
+bad requests are refused naming the field, a crashing trial is a failed
+profile that is never stored."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from omru.v1 import executor_pb2
+from tests.executor.service_builders import K, executors
+from tests.profiler.profiler_helpers import P, points, profile, profiler, tiny_job
+
+
+async def last_seq(ex) -> int:
+    return (await ex.stub.GetJobs(executor_pb2.GetJobsRequest(), timeout=10)).last_seq
+
+
+async def test_profile_measures_each_count_through_executors_then_serves_the_store(etcd, registry, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 2)) as (ex,), profiler(etcd.endpoint, registry.address) as stub:
+        events = ex.events()
+        steps = await profile(stub, tiny_job())
+        assert [s.state for s in steps] == [P.PROFILE_STATE_MEASURING, P.PROFILE_STATE_MEASURED] * 2 + [P.PROFILE_STATE_DONE]
+        done = steps[-1]
+        assert not done.cached
+        assert sorted(points(done)) == [1, 2] and all(m for _, m in points(done).values())
+        profiled = [e for e in events.items if e.kind == K.EXECUTOR_EVENT_KIND_PROFILED]
+        assert sorted(e.world_size for e in profiled) == [1, 2]
+        for e in profiled:  # epoch seconds = steady-state iteration time x iterations per epoch
+            measured = points(done)[e.world_size][0]
+            assert measured == pytest.approx(e.iter_seconds * e.steps)
+            assert e.steps == 64 // (8 * e.world_size)
+        assert done.profile.key.model == "mobilenet_v3_small" and done.profile.key.input_shape == "3x16x16"
+        assert (done.profile.key.batch_size, done.profile.key.gpu_kind, done.profile.key.nodes) == (8, "cpu", 1)
+
+        seq = await last_seq(ex)
+        again = await profile(stub, tiny_job("p2"))  # another job, same configuration
+        assert [s.state for s in again] == [P.PROFILE_STATE_DONE] and again[0].cached
+        assert points(again[0]) == points(done)
+        assert await last_seq(ex) == seq, "a cached profile must not run a trial"
+
+        got = await stub.GetProfile(P.GetProfileRequest(job=tiny_job("p3")), timeout=10)
+        assert {p.gpus: p.epoch_seconds for p in got.profile.points} == {g: t for g, (t, _) in points(done).items()}
+
+        fresh = await profile(stub, tiny_job(), gpu_counts=[1], max_gpus=1, refresh=True)
+        assert [s.state for s in fresh][-1] == P.PROFILE_STATE_DONE and not fresh[-1].cached
+        assert await last_seq(ex) > seq, "refresh must measure again"
+        events.close()
+
+
+async def test_counts_not_measured_are_fitted_and_say_so(etcd, registry, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 3)) as _, profiler(etcd.endpoint, registry.address) as stub:
+        done = (await profile(stub, tiny_job(train_samples=48), max_gpus=3))[-1]
+        assert done.state == P.PROFILE_STATE_DONE
+        assert {g: m for g, (_, m) in points(done).items()} == {1: True, 2: True, 3: False}
+        curve = done.profile.fit
+        assert points(done)[3][0] == pytest.approx(curve.a + curve.b / 3 + curve.c * 2)
+        assert done.profile.fit_error >= 0
+
+
+@pytest.mark.parametrize(
+    "job, fields, field",
+    [
+        (tiny_job(model="resnet9000"), {}, "job.model"),
+        (tiny_job(dataset="mnist"), {}, "job.dataset"),
+        (tiny_job(batch_size=0), {}, "job.batch_size"),
+        (tiny_job(), {"gpu_counts": [1, 3]}, "gpu_counts[1]"),
+        (tiny_job(), {"max_gpus": 5}, "max_gpus"),
+    ],
+)
+async def test_bad_requests_are_refused_naming_the_field_and_run_nothing(etcd, registry, tmp_path, job, fields, field):
+    async with executors(registry.address, tmp_path, ("n1", 2)) as (ex,), profiler(etcd.endpoint, registry.address) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await profile(stub, job, timeout=30, **fields)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith(field + ":"), err.value.details()
+        assert await last_seq(ex) == 0
+
+
+async def test_a_crashing_trial_is_a_failed_profile_and_is_never_stored(etcd, registry, tmp_path):
+    job = tiny_job(dataset=f"imagefolder:{tmp_path / 'no-such-folder'}")
+    async with executors(registry.address, tmp_path, ("n1", 2)) as (ex,), profiler(etcd.endpoint, registry.address) as stub:
+        steps = await profile(stub, job, timeout=120)
+        assert steps[-1].state == P.PROFILE_STATE_FAILED and steps[-1].gpus == 1
+        assert "no-such-folder" in steps[-1].message or "failed" in steps[-1].message
+        assert P.PROFILE_STATE_DONE not in [s.state for s in steps]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetProfile(P.GetProfileRequest(job=job), timeout=10)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
