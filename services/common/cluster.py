@@ -6,8 +6,8 @@ directory (restartable on the same ports and data). `ServiceProcess` runs
 one `python -m services.<svc>.server` and waits for its JSON ready line.
 `LocalCluster` starts etcd (unless an endpoint is given), the registry, then
 the profiler, planner and N executors in parallel, and stops all of them
-(process groups, SIGTERM then SIGKILL) on exit; children also get SIGTERM
-when the launcher dies (Linux parent-death signal).
+(process groups, SIGTERM then SIGKILL) on exit; with die_with_parent,
+children also get SIGTERM when the launcher dies (Linux parent-death signal).
 """
 
 from __future__ import annotations
@@ -42,12 +42,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the launching process dies (Linux)."""
+#: Environment flag: a service child asks the kernel for SIGTERM when its parent dies.
+DIE_WITH_PARENT_ENV = "OMRU_DIE_WITH_PARENT"
+
+
+def die_with_parent() -> None:
+    """Called by a service at start (when $OMRU_DIE_WITH_PARENT=1): SIGTERM when the launcher dies (Linux).
+
+    Done in the child itself, never in a preexec_fn: forking a process that
+    runs gRPC threads and then running Python before exec can crash."""
     with contextlib.suppress(Exception):
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _pdeathsig_prefix() -> list[str]:
+    """`setpriv --pdeathsig TERM --` for non-Python children, when util-linux has it."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
 def _stop_group(proc: subprocess.Popen, grace: float) -> None:
@@ -81,8 +94,9 @@ def _tail(path: Path | None, lines: int = 15) -> str:
 class EtcdProcess:
     """One etcd member on loopback, with its own data directory."""
 
-    def __init__(self, data_dir: Path, binary: str = "etcd", log_file: Path | None = None) -> None:
+    def __init__(self, data_dir: Path, binary: str = "etcd", log_file: Path | None = None, die_with_parent: bool = False) -> None:
         self.data_dir = Path(data_dir)
+        self.die_with_parent = die_with_parent
         self.binary = binary
         self.log_file = log_file
         self.client_port = 0
@@ -106,22 +120,24 @@ class EtcdProcess:
             try:
                 self.proc = subprocess.Popen(
                     [
+                        *(_pdeathsig_prefix() if self.die_with_parent else []),
                         self.binary, "--name", "omru", "--data-dir", str(self.data_dir),
                         "--listen-client-urls", client, "--advertise-client-urls", client,
                         "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                         "--initial-cluster", f"omru={peer}", "--log-level", "warn", "--logger", "zap",
                     ],
-                    stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+                    stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True,
                 )
             finally:
                 if self.log_file:
                     out.close()
             if self._wait_healthy(timeout):
                 return self
+            code = self.proc.poll()
             self.stop()
             if not fresh:
                 break
-        raise LaunchError(f"etcd did not become healthy on {self.endpoint}\n{_tail(self.log_file)}")
+        raise LaunchError(f"etcd did not become healthy on {self.endpoint} (exit code {code})\n{_tail(self.log_file)}")
 
     def _wait_healthy(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -173,7 +189,7 @@ class ServiceProcess:
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=self.env,
-                cwd=REPO_ROOT, start_new_session=True, preexec_fn=_die_with_parent,
+                cwd=REPO_ROOT, start_new_session=True,
             )
         finally:
             if err:
@@ -258,6 +274,7 @@ class LocalCluster:
         ttl_seconds: int = 5,
         auth_token: str | None = None,
         ready_timeout: float = 30.0,
+        die_with_parent: bool = False,
     ) -> None:
         if nodes < 0:
             raise ValueError(f"nodes {nodes} is negative")
@@ -274,6 +291,7 @@ class LocalCluster:
         self.auth_token = auth_token
         self.ready_timeout = ready_timeout
         self.log_to_files = log_to_files
+        self.die_with_parent = die_with_parent  # only from a launcher's main thread (the kernel ties it to the thread)
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="omru-up-"))
         self.etcd: EtcdProcess | None = None
@@ -283,6 +301,8 @@ class LocalCluster:
     def _service(self, name: str, module: str, *args: str) -> ServiceProcess:
         log = self.work_dir / "logs" / f"{name}.log" if self.log_to_files else None
         extra = {"OMRU_AUTH_TOKEN": self.auth_token} if self.auth_token else {}
+        if self.die_with_parent:
+            extra[DIE_WITH_PARENT_ENV] = "1"
         s = ServiceProcess(name, service_argv(module, "--host", self.host, *args), child_env(extra), log)
         self.services.append(s)
         return s.spawn()
@@ -293,26 +313,31 @@ class LocalCluster:
         try:
             if self.etcd_endpoint is None:
                 log = self.work_dir / "logs" / "etcd.log" if self.log_to_files else None
-                self.etcd = EtcdProcess(self.work_dir / "etcd", log_file=log).start()
+                self.etcd = EtcdProcess(self.work_dir / "etcd", log_file=log, die_with_parent=self.die_with_parent).start()
                 self.etcd_endpoint = self.etcd.endpoint
             registry = self._service("registry", "registry", "--port", "0", "--etcd", self.etcd_endpoint)
             wait_ready([registry], self.ready_timeout)
             profiler = self._service("profiler", "profiler", "--port", "0", "--etcd", self.etcd_endpoint, "--registry", registry.address)
+            # Executors subscribe to the planner's directives (retrying until it is up), so its
+            # port is fixed before they start.
+            planner_port = self.planner_port or free_port(self.host)
+            planner_address = f"{self.host}:{planner_port}"
             executors = [
                 self._service(
                     f"executor-{i}", "executor", "--port", "0", "--node-id", f"node-{i}", "--registry", registry.address,
-                    "--slots", str(self.slots), "--ttl", str(self.ttl), "--work-dir", str(self.work_dir / f"node-{i}"),
+                    "--planner", planner_address, "--slots", str(self.slots), "--ttl", str(self.ttl),
+                    "--work-dir", str(self.work_dir / f"node-{i}"),
                 )
                 for i in range(self.nodes)
             ]
             wait_ready([profiler], self.ready_timeout)  # the planner needs its address
             planner = self._service(
-                "planner", "planner", "--port", str(self.planner_port), "--etcd", self.etcd_endpoint,
+                "planner", "planner", "--port", str(planner_port), "--etcd", self.etcd_endpoint,
                 "--registry", registry.address, "--profiler", profiler.address,
             )
             wait_ready([planner, *executors], self.ready_timeout)
         except BaseException:
-            self.stop()
+            self.stop(keep_logs=True)
             raise
         self.seconds_to_ready = time.monotonic() - began
         return self
@@ -337,8 +362,8 @@ class LocalCluster:
             "work_dir": str(self.work_dir),
         }
 
-    def stop(self) -> None:
-        """Stop every child (executors first, etcd last) and remove an own temp dir."""
+    def stop(self, keep_logs: bool = False) -> None:
+        """Stop every child (executors first, etcd last) and remove an own temp dir (unless keep_logs)."""
         for s in reversed(self.services):
             if s.name.startswith("executor-"):
                 s.stop()
@@ -346,7 +371,7 @@ class LocalCluster:
             s.stop()
         if self.etcd is not None:
             self.etcd.stop()
-        if self._own_dir:
+        if self._own_dir and not keep_logs:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def __enter__(self) -> "LocalCluster":

@@ -123,13 +123,11 @@ class PlannerConfig:
     etcd: EtcdConfig = field(default_factory=EtcdConfig)
     registry: str = "127.0.0.1:0"
     profiler: str = "127.0.0.1:0"
-    policy: str = "omru-ga"
+    policy: str = ""  # "" = the planner's default policy
 
     def __post_init__(self) -> None:
         check_endpoint("registry address", self.registry)
         check_endpoint("profiler address", self.profiler)
-        if not self.policy:
-            raise ConfigError("policy '' is empty")
 
 
 @dataclass(frozen=True)

@@ -274,7 +274,7 @@ class EtcdStore:
                 last = revision
                 yield Resync(revision, tuple(kvs))
             except (aetcd_errors.ClientError, grpc.RpcError, EtcdUnavailable, asyncio.TimeoutError) as exc:
-                log.warning("watch_broken", prefix=prefix, after_revision=last, error=str(exc) or type(exc).__name__)
+                log.warning("watch_broken", prefix=prefix, after_revision=last, error=_brief(exc))
                 await asyncio.sleep(backoff)
                 backoff = min(1.0, backoff * 2)
 
@@ -326,6 +326,13 @@ class EtcdStore:
         if code == grpc.StatusCode.NOT_FOUND and "lease" in (details or ""):
             return LeaseNotFound(details)
         return EtcdUnavailable(f"etcd at {self.endpoint} unavailable ({what}): {code.name} {details}")
+
+
+def _brief(exc: BaseException) -> str:
+    """One short line for a log: the status code and details of gRPC errors."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__
 
 
 def _group(events: list[WatchEvent]) -> list[WatchBatch]:

@@ -161,6 +161,10 @@ def run_main(service: str, parse_config: Callable[[list[str] | None, Mapping[str
     from services.common.logging import configure
 
     configure(service)
+    if os.environ.get("OMRU_DIE_WITH_PARENT") == "1":
+        from services.common.cluster import die_with_parent
+
+        die_with_parent()
     try:
         config = parse_config(argv, os.environ)
     except ConfigError as exc:

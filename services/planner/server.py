@@ -11,10 +11,29 @@ from services.planner.servicer import PlannerServicer
 
 
 async def start(config: cfg.PlannerConfig, servicer=None) -> RunningServer:
-    """Start the planner on config.server (default port 50051; 0 = any)."""
-    servicer = servicer if servicer is not None else PlannerServicer()
+    """Start the planner on config.server (default port 50051; 0 = any).
+
+    Unless a servicer is given, the PlannerService runs a Dispatcher over the
+    planner's state in etcd, talking to the registry and the profiler;
+    stopping the server stops the dispatcher, then closes etcd."""
+    hooks = []
+    dispatcher = None
+    if servicer is None:
+        from services.common.etcd import EtcdStore
+        from services.planner.dispatcher import Dispatcher
+        from services.planner.state import PlannerState
+
+        etcd = EtcdStore(config.etcd.endpoint, config.etcd.prefix, config.etcd.timeout_seconds)
+        await etcd.connect()
+        dispatcher = Dispatcher(PlannerState(etcd), config.registry, config.profiler, policy=config.policy, token=config.server.auth_token)
+        servicer = PlannerServicer(dispatcher)
+        hooks = [dispatcher.stop, etcd.close]
     service = Service(planner_pb2_grpc.add_PlannerServiceServicer_to_server, servicer, service_name(planner_pb2, "PlannerService"))
-    return await start_server(config.server, [service])
+    running = await start_server(config.server, [service])
+    running.on_stop.extend(hooks)
+    if dispatcher is not None:
+        await dispatcher.start()
+    return running
 
 
 async def serve(config: cfg.PlannerConfig) -> None:
@@ -28,7 +47,7 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
     cfg.add_etcd_args(parser)
     parser.add_argument("--registry", required=True, help="registry address host:port")
     parser.add_argument("--profiler", required=True, help="profiler address host:port")
-    parser.add_argument("--policy", default="omru-ga", help="default planning policy")
+    parser.add_argument("--policy", default="", help="default planning policy (default: the planner's own)")
     args = parser.parse_args(argv)
     return cfg.PlannerConfig(
         server=cfg.server_config_from_args(args, env),

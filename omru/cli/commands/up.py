@@ -68,6 +68,7 @@ def handle(args: argparse.Namespace) -> int:
         ttl_seconds=args.ttl,
         work_dir=Path(args.work_dir) if args.work_dir else None,
         auth_token=os.environ.get("OMRU_AUTH_TOKEN") or None,
+        die_with_parent=True,
     )
     try:
         cluster.start()

