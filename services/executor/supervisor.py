@@ -41,11 +41,12 @@ import collections
 import contextlib
 import enum
 import os
+import shutil
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator, Protocol, Sequence
 
@@ -624,6 +625,8 @@ class Supervisor:
         if state is JobState.FAILED:
             self.events.append(job.job_id, EventKind.FAILED, message=message, restarts=job.restarts,
                                attempt_id=job.attempt_base, world_size=len(job.gpus))
+        if job.profile is not None:  # a trial's folder only held its stop file
+            shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
         held = [g for g in job.gpus if g.node_id == self.node_id]
         if job.pending is not None:
             held += [g for g in job.pending.gpus if g.node_id == self.node_id and g not in held]

@@ -9,7 +9,7 @@ from omru.v1 import common_pb2, executor_pb2
 from services.executor import convert
 from services.executor.state import TRANSITIONS, JobState, TransitionError, check_move
 from services.executor.supervisor import Action, DirectiveError, DirectiveKind, Gpu, decide
-from tests.executor.service_builders import RESIZE, START, STOP, directive, gpu, tiny_job
+from tests.executor.service_builders import START, STOP, directive, gpu, tiny_job
 
 S = JobState
 
