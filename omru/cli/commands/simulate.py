@@ -1,10 +1,15 @@
 """`omru simulate`: plan a batch offline from a profile CSV, print the plan and how good it is.
 
     omru simulate --profiles CSV [--task TASK] --gpus G [--gpus-per-node K]
-                  --policy NAME [--seed S] [--json]
+                  --policy NAME [--seed S] [--resize-cost SECONDS] [--json]
 
 The CSV has one row per job and GPU count: `job,epochs,gpus,epoch_seconds`,
-optionally `task` (rows of other tasks are dropped with --task). `--json`
+optionally `task` (rows of other tasks are dropped with --task), `nodes`
+(the row's time for its GPUs spread over that many nodes), `arrival_s` and
+`requested_gpus` (see services/planner/core/profiles.py). --resize-cost
+charges every change of a running job's GPU set (checkpoint + restart); a
+plan is run as the cluster would run it (placement times and resize costs
+charged, nothing starting before its job arrives) before it is measured. `--json`
 prints one object: policy, gpus, jobs (how many), makespan_s, utilization
 (honest: busy GPU-seconds / (G * makespan)), reference_utilization (the
 reference code's formula, its quirk included), lower_bounds {length_s,
@@ -28,21 +33,28 @@ def register(subparsers) -> None:
     p.add_argument("--gpus-per-node", type=int, metavar="K", help="GPUs per node (default: all on one node)")
     p.add_argument("--policy", required=True, metavar="NAME", help="planning policy, e.g. omru-ga, sequential")
     p.add_argument("--seed", type=int, default=0, help="seed of randomised policies (default 0)")
+    p.add_argument("--resize-cost", type=float, default=0.0, metavar="SECONDS",
+                   help="seconds each change of a running job's GPU set costs (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run)
 
 
-def simulate(jobs, gpus: int, gpus_per_node: int | None, policy: str, seed: int) -> dict:
+def simulate(jobs, gpus: int, gpus_per_node: int | None, policy: str, seed: int, resize_cost_s: float = 0.0) -> dict:
     """Plan, validate and measure; the --json object. Raises PlanningError on bad input."""
+    import dataclasses
     import time
 
     from services.planner.core import bounds, registry, validate
     from services.planner.core.model import Cluster, PlanningInput
 
-    problem = PlanningInput(tuple(jobs), Cluster.of(gpus, gpus_per_node), seed=seed)
+    from services.planner.core.simulator import replay
+
+    problem = PlanningInput(tuple(jobs), Cluster.of(gpus, gpus_per_node), seed=seed, resize_cost_s=resize_cost_s)
     planner = registry.get(policy)
     start = time.perf_counter()
     plan = planner(problem)
+    if validate.violations(plan, problem):  # ignored placement / resize cost / arrivals: charge them
+        plan = dataclasses.replace(replay(plan, problem), reference_utilization=None)
     plan_seconds = time.perf_counter() - start
     validate.check(plan, problem)
     utilization = plan.utilization(problem)
@@ -69,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         jobs = profiles.load_csv(args.profiles, task=args.task)
-        result = simulate(jobs, args.gpus, args.gpus_per_node, args.policy, args.seed)
+        result = simulate(jobs, args.gpus, args.gpus_per_node, args.policy, args.seed, args.resize_cost)
     except PlanningError as exc:
         raise CliError(str(exc)) from None
     if args.json:

@@ -1,6 +1,15 @@
-"""Profiles from CSV: `job,epochs,gpus,epoch_seconds` (+ optional `task`).
+"""Profiles from CSV: `job,epochs,gpus,epoch_seconds` (+ optional columns).
 
-One row per job and GPU count. Used by `omru simulate`, the benches and the
+One row per job and GPU count. Optional columns:
+- `task`: rows of other tasks are dropped when a task is asked for;
+- `nodes`: the row's epoch time holds for its GPUs spread over that many
+  nodes (placement); a blank `nodes` is the job's time on its best
+  placement, and where a GPU count has only `nodes` rows the fastest of them
+  is;
+- `arrival_s`: when the job arrives (seconds, >= 0; the same on each of the
+  job's rows, or blank);
+- `requested_gpus`: the GPU count rigid baselines keep (same rule).
+ Used by `omru simulate`, the benches and the
 planner service; every error names the file, the line and the bad value.
 """
 
@@ -41,6 +50,8 @@ def parse_csv(text: str, task: str | None = None, source: str = "profiles") -> l
         raise PlanningError(f"{source}: --task {task!r} given but the file has no 'task' column")
     epochs: dict[str, int] = {}
     times: dict[str, dict[int, float]] = {}
+    spread: dict[str, dict[tuple[int, int], float]] = {}
+    extra: dict[str, dict[str, object]] = {}
     tasks: set[str] = set()
     for row in rows:
         where = f"{source} line {rows.line_num + skipped}"
@@ -58,21 +69,44 @@ def parse_csv(text: str, task: str | None = None, source: str = "profiles") -> l
         t = _number(row["epoch_seconds"], float, "epoch_seconds", where)
         if epochs.setdefault(job, e) != e:
             raise PlanningError(f"{where}: job {job!r} has epochs {e} here but {epochs[job]} earlier")
-        if g in times.setdefault(job, {}):
-            raise PlanningError(f"{where}: job {job!r} has two rows for {g} GPUs")
-        times[job][g] = t
+        times.setdefault(job, {})
+        nodes_raw = (row.get("nodes") or "").strip()
+        if nodes_raw:
+            k = _number(nodes_raw, int, "nodes", where)
+            if k > g:
+                raise PlanningError(f"{where}: nodes {k} is more than the row's {g} GPUs")
+            if (g, k) in spread.setdefault(job, {}):
+                raise PlanningError(f"{where}: job {job!r} has two rows for {g} GPUs over {k} nodes")
+            spread[job][(g, k)] = t
+        else:
+            if g in times[job]:
+                raise PlanningError(f"{where}: job {job!r} has two rows for {g} GPUs")
+            times[job][g] = t
+        for column, kind in (("arrival_s", float), ("requested_gpus", int)):
+            raw = (row.get(column) or "").strip()
+            if not raw:
+                continue
+            value = _number(raw, kind, column, where, allow_zero=column == "arrival_s")
+            if extra.setdefault(job, {}).setdefault(column, value) != value:
+                raise PlanningError(f"{where}: job {job!r} has {column} {raw} here but {extra[job][column]} earlier")
     if not times:
         if task is not None:
             raise PlanningError(f"{source}: no rows for task {task!r} (tasks: {', '.join(sorted(tasks))})")
         raise PlanningError(f"{source}: no profile rows")
-    return [Job(job, epochs[job], times[job]) for job in times]
+    jobs = []
+    for job in times:
+        placement = spread.get(job, {})
+        for g in sorted({k[0] for k in placement}):
+            times[job].setdefault(g, min(t for k, t in placement.items() if k[0] == g))
+        jobs.append(Job(job, epochs[job], times[job], placement=placement, **extra.get(job, {})))
+    return jobs
 
 
-def _number(raw: str, kind: type, name: str, where: str):
+def _number(raw: str, kind: type, name: str, where: str, allow_zero: bool = False):
     try:
         value = kind(raw)
     except (TypeError, ValueError):
         raise PlanningError(f"{where}: {name} {raw!r} is not {'an integer' if kind is int else 'a number'}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise PlanningError(f"{where}: {name} must be positive, got {raw!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise PlanningError(f"{where}: {name} must be {'>= 0' if allow_zero else 'positive'}, got {raw!r}")
     return value

@@ -5,13 +5,16 @@ cluster and at least one epoch; no segment starts before 0 or before its
 job's arrival; no GPU is in two overlapping segments; the segments of one job
 never overlap; each job gets exactly its epochs (none, if the plan lists it as
 unplaced); every segment lasts at least epochs * t_job(len(gpus), nodes
-spanned) (the placement-dependent time where the job has one).
+spanned) (the placement-dependent time where the job has one), plus the
+input's resize cost when it does not continue its job's previous segment on
+the same GPUs at the same instant (a checkpoint and a restart).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from services.planner.core.engine import restart_cost
 from services.planner.core.model import Plan, PlanningInput
 
 # Relative slack for float comparisons of times (sums of products of floats).
@@ -71,12 +74,37 @@ def violations(plan: Plan, problem: PlanningInput) -> list[str]:
         out += [f"GPU {g}: {a} and {b} overlap" for a, b in _overlaps(spans, tol)]
     for job_id, spans in by_job.items():
         out += [f"job {job_id}: {a} and {b} overlap" for a, b in _overlaps(spans, tol)]
+    if problem.resize_cost_s > 0:
+        out += _unpaid_restarts(plan, problem, tol)
     unplaced = {u.job for u in plan.unplaced}
     for job in problem.jobs:
         want = 0 if job.id in unplaced else job.epochs
         if epochs[job.id] != want:
             out.append(f"job {job.id}: {epochs[job.id]} epochs planned, needs {want}"
                        + (" (listed as unplaced)" if want == 0 else ""))
+    return out
+
+
+def _unpaid_restarts(plan: Plan, problem: PlanningInput, tol: float) -> list[str]:
+    out: list[str] = []
+    by_job: dict[str, list[tuple[int, object]]] = defaultdict(list)
+    for i, s in enumerate(plan.segments):
+        by_job[s.job].append((i, s))
+    jobs = {j.id: j for j in problem.jobs}
+    for job_id, segs in by_job.items():
+        job = jobs.get(job_id)
+        if job is None:
+            continue
+        segs.sort(key=lambda p: p[1].start_s)
+        prev = None
+        for i, s in segs:
+            cost = restart_cost(problem, prev, s.gpus, s.start_s)
+            if cost and len(s.gpus) in job.profile:
+                need = s.epochs * job.epoch_seconds(len(s.gpus), problem.cluster.nodes_spanned(s.gpus)) + cost
+                if s.end_s - s.start_s < need - tol:
+                    out.append(f"segment {i} ({job_id}): lasts {s.end_s - s.start_s:.6g} s, restarts on new GPUs "
+                               f"or after a pause and needs {need:.6g} s with the {cost:g} s resize cost")
+            prev = (s.gpus, s.end_s)
     return out
 
 

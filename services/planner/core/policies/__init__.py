@@ -1,3 +1,3 @@
 """Every policy module; importing this package registers them all."""
 
-from services.planner.core.policies import reference  # noqa: F401
+from services.planner.core.policies import baselines, omru, reference  # noqa: F401
