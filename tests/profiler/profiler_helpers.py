@@ -22,15 +22,16 @@ def tiny_job(job_id: str = "p1", **overrides) -> common_pb2.JobSpec:
 
 
 @contextlib.asynccontextmanager
-async def profiler(etcd_endpoint: str, registry_address: str):
-    """A ProfilerServiceStub to a real profiler server (port 0)."""
+async def profiler(etcd_endpoint: str, registry_address: str, keep_address: bool = False):
+    """A ProfilerServiceStub to a real profiler server (port 0); (stub, address) with keep_address."""
     from services.profiler import server
 
     config = cfg.ProfilerConfig(etcd=cfg.EtcdConfig(endpoint=etcd_endpoint), registry=registry_address)
     running = await server.start(config)
     channel = open_channel(running.address)
     try:
-        yield profiler_pb2_grpc.ProfilerServiceStub(channel)
+        stub = profiler_pb2_grpc.ProfilerServiceStub(channel)
+        yield (stub, running.address) if keep_address else stub
     finally:
         await channel.close()
         await running.stop(0)

@@ -88,3 +88,17 @@ async def test_a_crashing_trial_is_a_failed_profile_and_is_never_stored(etcd, re
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.GetProfile(P.GetProfileRequest(job=job), timeout=10)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_sampled_estimate_is_within_a_factor_of_two_of_a_full_epoch_measurement(etcd, registry, tmp_path):
+    # The bench (bench/profile_accuracy.py) prints the real error (target 10 %); this shared, noisy
+    # machine only allows a loose bound here: each method's faster of two alternating runs.
+    job = tiny_job("acc", train_samples=128)
+    async with executors(registry.address, tmp_path, ("n1", 1)) as _, profiler(etcd.endpoint, registry.address) as stub:
+        best = {}
+        for _ in range(2):
+            for full_epoch in (False, True):
+                done = (await profile(stub, job, max_gpus=1, full_epoch=full_epoch, refresh=True))[-1]
+                assert done.state == P.PROFILE_STATE_DONE and done.profile.key.full_epoch == full_epoch
+                best[full_epoch] = min(best.get(full_epoch, float("inf")), points(done)[1][0])
+        assert 0.5 <= best[False] / best[True] <= 2.0, best
