@@ -88,6 +88,8 @@ async def test_each_bad_directive_is_refused_naming_the_problem_and_the_running_
             (directive("b8", RESIZE, tiny_job("bad"), [gpu("n1", 1)]), invalid, "directive.kind: DIRECTIVE_KIND_RESIZE"),
             (directive("b9", START, tiny_job("bad", batch_size=0), [gpu("n1", 1)]), invalid, "directive.job.batch_size"),
             (directive("b10", START, tiny_job("bad"), []), invalid, "directive.gpus: at least one GPU is required"),
+            (directive("b13", START, tiny_job("bad", max_gpus=1), [gpu("n1", 0), gpu("n1", 1)]), invalid,
+             "directive.gpus: 2 ranks, but job bad runs on 1..1 GPUs"),
             (directive("b11", START, tiny_job("bad"), [gpu("n1", 1)],
                        profile=executor_pb2.ProfileOptions(measure_iters=-1)), invalid, "directive.profile.measure_iters"),
         ]

@@ -70,7 +70,8 @@ async def test_a_profile_directive_reports_steady_state_iteration_and_epoch_seco
     async with executors(registry.address, tmp_path, ("n1", 2)) as (ex,):
         events = ex.events()
         options = executor_pb2.ProfileOptions(warmup_iters=1, measure_iters=3)
-        d = directive("p1", START, tiny_job("prof", epochs=5), [gpu("n1", 0), gpu("n1", 1)], profile=options)
+        # a trial may measure more GPUs than the job will ever use (max_gpus 1)
+        d = directive("p1", START, tiny_job("prof", epochs=5, max_gpus=1), [gpu("n1", 0), gpu("n1", 1)], profile=options)
         await ex.start_job(d)
         profiled = await events.wait_for(is_event("prof", K.EXECUTOR_EVENT_KIND_PROFILED))
         await events.wait_for(is_event("prof", K.EXECUTOR_EVENT_KIND_GPUS_RELEASED))
