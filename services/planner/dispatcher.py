@@ -600,10 +600,22 @@ class Dispatcher:
             q.put_nowait(d)
         if node_id not in self.nodes:
             return
+        import grpc
+
         stub = self._executor(node_id)
         try:
             if d.kind == executor_pb2.DIRECTIVE_KIND_START:
-                await stub.StartJob(executor_pb2.StartJobRequest(directive=d), timeout=10)
+                try:
+                    await stub.StartJob(executor_pb2.StartJobRequest(directive=d), timeout=10)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or "already runs" not in (exc.details() or ""):
+                        raise
+                    # ranks of an earlier attempt still run there (a node that came back): move them
+                    moved = executor_pb2.Directive()
+                    moved.CopyFrom(d)
+                    moved.kind = executor_pb2.DIRECTIVE_KIND_RESIZE
+                    moved.directive_id = d.directive_id + "-as-resize"
+                    await stub.ResizeJob(executor_pb2.ResizeJobRequest(directive=moved), timeout=10)
             elif d.kind == executor_pb2.DIRECTIVE_KIND_RESIZE:
                 await stub.ResizeJob(executor_pb2.ResizeJobRequest(directive=d), timeout=10)
             else:

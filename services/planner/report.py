@@ -131,21 +131,28 @@ class Figures:
 def holds(events: Iterable[Event], now_s: float | None = None) -> list[Hold]:
     """Every hold the events show, by start time (open holds end at `now_s`, else at their last event).
 
-    GPUS_RELEASED closes a hold; FINISHED / FAILED close it only when that
-    attempt logs no release on that node.
+    Per node and job: STARTED opens a hold (closing the job's previous one on
+    that node: a resize that keeps a GPU releases nothing); GPUS_RELEASED
+    closes it; FINISHED / FAILED close it only when the attempt logs no
+    release on that node.
     """
     evs = sorted(events, key=lambda e: (e.time_s, e.seq))
     released = {(e.node_id, e.job_id, e.attempt_id) for e in evs if e.kind == GPUS_RELEASED}
-    open_: dict[tuple[str, str, str], tuple[Event, float]] = {}
+    open_: dict[tuple[str, str], tuple[Event, float]] = {}
     out: list[Hold] = []
     for e in evs:
-        key = (e.node_id, e.job_id, e.attempt_id)
+        key = (e.node_id, e.job_id)
         if e.kind == STARTED:
-            if key not in open_:
-                open_[key] = (e, e.time_s)
+            if key in open_ and open_[key][0].attempt_id == e.attempt_id:
+                continue
+            if key in open_:
+                out.append(_hold(open_.pop(key)[0], e.time_s))
+            open_[key] = (e, e.time_s)
         elif key in open_:
             start, _ = open_[key]
-            if e.kind == GPUS_RELEASED or (e.kind in (FINISHED, FAILED) and key not in released):
+            closes = e.kind == GPUS_RELEASED or (
+                e.kind in (FINISHED, FAILED) and (e.node_id, e.job_id, start.attempt_id) not in released)
+            if closes:
                 out.append(_hold(start, e.time_s))
                 del open_[key]
             else:
@@ -199,9 +206,8 @@ def figures(events: Sequence[Event], gpus: int, origin_s: float, plan: Sequence[
         if e.kind == EPOCH_DONE:
             epochs.setdefault(e.job_id, set()).add(e.epoch)
             accuracy[e.job_id] = e.accuracy
-            # every node of a multi-node attempt reports the epoch; count the local GPUs only
-            local = sum(1 for g in e.gpus if g[0] == e.node_id) or e.world_size or 1
-            compute += e.epoch_seconds * local
+            # only the node of rank 0 reports an epoch: it counts for every rank
+            compute += e.epoch_seconds * (e.world_size or 1)
         elif e.kind == FINISHED:
             finish[e.job_id] = max(finish.get(e.job_id, 0.0), e.time_s - origin_s)
     hs = holds(evs, now_s=now_s)

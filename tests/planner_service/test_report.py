@@ -94,3 +94,12 @@ def test_the_text_report_names_every_job_and_the_resize():
     f = report.figures(two_jobs_one_grows(), gpus=2, origin_s=T0)
     out = report.text(f)
     assert "B 1->2 at 11.0 s" in out and out.count("finished") == 2
+
+
+def test_a_resize_that_keeps_a_gpu_ends_the_old_hold_when_the_new_attempt_starts():
+    one, two = (("n0", 0),), (("n0", 0), ("n0", 1))
+    events = [ev("n0", "A", "started", 0, gpus=one), ev("n0", "A", "started", 5, attempt="a2", gpus=two),
+              ev("n0", "A", "finished", 9, attempt="a2", gpus=two), ev("n0", "A", "gpus_released", 9, attempt="a2", gpus=two)]
+    hs = report.holds(events)
+    assert [(h.attempt_id, h.start_s - T0, h.end_s - T0, len(h.gpus)) for h in hs] == [("a1", 0, 5, 1), ("a2", 5, 9, 2)]
+    assert report.ownership_conflicts(hs) == []
