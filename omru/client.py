@@ -173,9 +173,13 @@ class Client:
         return _plan((await self._stub.GetPlan(planner_pb2.GetPlanRequest(), timeout=self.deadline_s)).plan)
 
     async def report(self) -> ReportInfo:
+        return _report(await self.report_proto())
+
+    async def report_proto(self):
+        """The raw omru.v1.Report (for tools that draw it)."""
         from omru.v1 import planner_pb2
 
-        return _report((await self._stub.GetReport(planner_pb2.GetReportRequest(), timeout=self.deadline_s)).report)
+        return (await self._stub.GetReport(planner_pb2.GetReportRequest(), timeout=self.deadline_s)).report
 
     async def status(self) -> list[JobStatus]:
         """The current state of every job (the snapshot WatchJobs opens with)."""
@@ -271,6 +275,9 @@ class SyncClient:
 
     def report(self) -> ReportInfo:
         return self._run(self._client.report())
+
+    def report_proto(self):
+        return self._run(self._client.report_proto())
 
     def status(self) -> list[JobStatus]:
         return self._run(self._client.status())
