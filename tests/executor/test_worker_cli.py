@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-OMRU = [sys.executable, "-m", "omru.cli.main"]
+OMRU = [sys.executable, "-m", "omru"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
