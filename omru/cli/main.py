@@ -16,10 +16,9 @@ import pkgutil
 import sys
 
 from omru.cli import commands
+from omru.cli.errors import CliError
 
-
-class CliError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
+__all__ = ["CliError", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
