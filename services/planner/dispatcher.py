@@ -586,7 +586,7 @@ class Dispatcher:
             sent_s=time.time(), message=""))
         host = self.nodes[a.gpus[0][0]].address.rpartition(":")[0]
         kind = executor_pb2.DIRECTIVE_KIND_START if a.kind == "start" else executor_pb2.DIRECTIVE_KIND_RESIZE
-        d = convert.directive(kind, r, a.gpus, f"{host}:{free_port(host)}", f"{self.checkpoint_root}/{r.job_id}",
+        d = convert.directive(kind, r, a.gpus, f"{host}:{free_port(host)}", await self._checkpoint_dir(r.job_id),
                               f"{r.attempt_id}-{a.kind}")
         nodes = list(dict.fromkeys([g[0] for g in a.gpus] + [g[0] for g in old]))
         log.info("dispatch", job=r.job_id, kind=a.kind, gpus=a.gpus, attempt=r.attempt_id)
@@ -623,11 +623,16 @@ class Dispatcher:
         except Exception as exc:
             log.warning("directive_failed", node=node_id, job=d.job.job_id, error=str(exc))
 
+    async def _checkpoint_dir(self, job_id: str) -> str:
+        """<root>/<batch>/<job>: the batch is its origin in ms, so a later batch never resumes an old checkpoint."""
+        origin = await self.state.origin()
+        return f"{self.checkpoint_root}/batch-{int((origin or 0) * 1000)}/{job_id}"
+
     async def _send_stop(self, r: JobRecord, gpus: Sequence[Gpu], reason: str) -> None:
         from omru.v1 import executor_pb2
         from services.planner import convert
 
-        d = convert.directive(executor_pb2.DIRECTIVE_KIND_STOP, r, r.target or r.gpus, "", f"{self.checkpoint_root}/{r.job_id}",
+        d = convert.directive(executor_pb2.DIRECTIVE_KIND_STOP, r, r.target or r.gpus, "", await self._checkpoint_dir(r.job_id),
                               f"{r.attempt_id}-stop")
         for node_id in dict.fromkeys(g[0] for g in gpus):
             await self._deliver(node_id, d)
