@@ -3,10 +3,10 @@
 `a` is the part that does not shrink with more GPUs (per-epoch overhead),
 `b / g` the work that data parallelism divides, `c * (g - 1)` the cost that
 grows with the ring (all-reduce hops). Coefficients are fitted by
-non-negative least squares on the measured points (so the curve never
-predicts negative or physically impossible times); with fewer points than
-coefficients the fit drops terms from the right: one point gives perfect
-scaling t1 / g, two points give a + b / g.
+non-negative least squares on the relative error of the measured points (so
+the curve never predicts negative times); one point gives perfect scaling
+t1 / g, two points get the non-negative curve closest to both (which may be
+a + c(g - 1) when the second GPU made the epoch slower).
 
 `complete` returns one point per GPU count 1..max_gpus: measured counts keep
 their measurement, the others are fitted; `fit_error` is the largest relative
@@ -56,7 +56,7 @@ def fit(measured: Mapping[int, float]) -> ScalingFit:
     from scipy.optimize import nnls
 
     counts = sorted(measured)
-    terms = min(3, len(counts))  # b/g first, then a, then c(g-1)
+    terms = 1 if len(counts) == 1 else 3
     matrix = np.array([_basis(g, terms) for g in counts])
     times = np.array([measured[g] for g in counts])
     # relative least squares: each point weighs by 1 / t, so small times count as much as large ones

@@ -93,7 +93,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
                     return
                 yield convert.progress(job.job_id, S.PROFILE_STATE_MEASURED, g,
                                        epoch_seconds=measured[g].epoch_seconds, measured=True)
-            profile = _profile(key, measured, top)
+            profile = _profile(key, measured, top, lambda g: shape.nodes_for(g, kind))
             await self.store.put(profile)
             log.info("profile_stored", job_id=job.job_id, key=key.path(), measured=sorted(measured), fit_error=profile.fit_error)
             yield convert.progress(job.job_id, S.PROFILE_STATE_DONE, top, profile=convert.profile(profile))
@@ -128,8 +128,9 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
         return S.GetProfileResponse(profile=convert.profile(best))
 
 
-def _profile(key, measured: dict[int, StoredPoint], top: int) -> StoredProfile:
-    """Every count 1..top (and each measured one): measured points as they are, the rest fitted."""
+def _profile(key, measured: dict[int, StoredPoint], top: int, nodes_for) -> StoredProfile:
+    """Every count 1..top (and each measured one): measured points as they are, the rest fitted
+    (on nodes_for(g) nodes, the fewest that hold g GPUs)."""
     points, curve, error = fit.complete({g: p.epoch_seconds for g, p in measured.items()}, top)
-    full = tuple(measured[p.gpus] if p.measured else StoredPoint(p.gpus, 0, p.epoch_seconds, False) for p in points)
+    full = tuple(measured[p.gpus] if p.measured else StoredPoint(p.gpus, nodes_for(p.gpus), p.epoch_seconds, False) for p in points)
     return StoredProfile(key=key, points=full, fit=(curve.a, curve.b, curve.c), fit_error=error, created_unix_s=time.time())

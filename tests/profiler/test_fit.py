@@ -49,3 +49,8 @@ def test_trial_counts_are_powers_of_two_up_to_the_maximum_plus_explicit_ones():
 def test_fit_refuses_points_that_are_not_positive_times(measured):
     with pytest.raises(ValueError):
         fit.fit(measured)
+
+
+def test_two_points_where_the_second_gpu_is_slower_are_still_fitted_exactly():
+    curve = fit.fit({1: 10.0, 2: 11.0})
+    assert fit.fit_error(curve, {1: 10.0, 2: 11.0}) < 1e-6

@@ -102,3 +102,34 @@ async def test_sampled_estimate_is_within_a_factor_of_two_of_a_full_epoch_measur
                 assert done.state == P.PROFILE_STATE_DONE and done.profile.key.full_epoch == full_epoch
                 best[full_epoch] = min(best.get(full_epoch, float("inf")), points(done)[1][0])
         assert 0.5 <= best[False] / best[True] <= 2.0, best
+
+
+async def test_a_count_spanning_nodes_runs_one_trial_across_both_executors(etcd, registry, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 1), ("n2", 1)) as (a, b), profiler(etcd.endpoint, registry.address) as stub:
+        on_a, on_b = a.events(), b.events()
+        done = (await profile(stub, tiny_job("span"), gpu_counts=[2]))[-1]
+        assert done.state == P.PROFILE_STATE_DONE, done.message
+        two = next(p for p in done.profile.points if p.gpus == 2)
+        assert two.measured and two.nodes == 2 and done.profile.key.nodes == 2
+        for events in (on_a, on_b):  # each node hosted one rank and gave its slot back
+            assert [e.kind for e in events.items if e.world_size == 2 and e.kind == K.EXECUTOR_EVENT_KIND_GPUS_RELEASED]
+        profiled = [e for e in on_a.items + on_b.items if e.kind == K.EXECUTOR_EVENT_KIND_PROFILED and e.world_size == 2]
+        assert [e.steps for e in profiled] == [two.steps]  # reported once, by rank 0's node
+        on_a.close(), on_b.close()
+
+
+async def test_a_trial_waits_queued_while_its_gpus_are_taken_then_runs(etcd, registry, registry_stub, tmp_path):
+    from omru.v1 import common_pb2, registry_pb2
+
+    async with executors(registry.address, tmp_path, ("n1", 2)) as _, profiler(etcd.endpoint, registry.address) as stub:
+        busy = common_pb2.GpuRef(node_id="n1", index=1)
+        await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="other", gpus=[busy]), timeout=10)
+        call = stub.Profile(P.ProfileRequest(job=tiny_job("q"), gpu_counts=[2]), timeout=240)
+        steps = []
+        async for reply in call:
+            steps.append(reply.progress)
+            if reply.progress.state == P.PROFILE_STATE_QUEUED:
+                assert reply.progress.gpus == 2 and "free" in reply.progress.message
+                await registry_stub.ReleaseGpus(registry_pb2.ReleaseGpusRequest(job_id="other"), timeout=10)
+        states = [s.state for s in steps]
+        assert P.PROFILE_STATE_QUEUED in states and states[-1] == P.PROFILE_STATE_DONE
