@@ -99,17 +99,22 @@ class Engine:
         self.served = [0.0] * n  # GPU-seconds of finished segments (for LAS)
         self.ran_s = [0.0] * n  # seconds of finished segments (for time shares)
         self.running: dict[int, Run] = {}
+        self._idle = set(range(n))  # work left and not running
+        self._wake: list[float] = []  # future not_before times
         self.segments: list[Segment] = []
         self.holder = [-1] * self.G
         self.node_free: list[set[int]] = [set(range(k * self.K, (k + 1) * self.K)) for k in range(self.cluster.nodes)]
         self.free_count = self.G
         self._pending: list[tuple[float, int]] = []  # (free_at, gpu) not yet usable
+        self._wake = [t for t in self.not_before if t > start_s]
+        heapq.heapify(self._wake)
         busy_until = [start_s] * self.G
         for s in committed:
             i = self.index.get(s.job)
             for g in s.gpus:
                 busy_until[g] = max(busy_until[g], s.end_s)
             if i is not None:
+                heapq.heappush(self._wake, s.end_s)
                 prev = self.last[i]
                 if prev is None or s.end_s >= prev[1]:
                     self.last[i] = (tuple(s.gpus), s.end_s)
@@ -129,11 +134,10 @@ class Engine:
     def waiting(self) -> list[int]:
         """Jobs that could start now: arrived, work left, not running."""
         now = self.now + EPS * max(1.0, self.now)
-        return [j for j in range(len(self.jobs))
-                if self.remaining[j] > 0 and j not in self.running and self.not_before[j] <= now]
+        return sorted(j for j in self._idle if self.not_before[j] <= now)
 
     def future_work(self) -> bool:
-        return any(r > 0 for r in self.remaining) or bool(self.running)
+        return bool(self._idle) or bool(self.running)
 
     def attained(self, j: int) -> float:
         """GPU-seconds job j has had so far (running time counted up to now)."""
@@ -167,9 +171,9 @@ class Engine:
             return None
         if g > len(r.gpus) and g - len(r.gpus) > self.free_count:
             return None
-        b = self._cut(j)
-        if self.remaining[j] <= 0:  # it finishes at the boundary anyway
+        if r.epochs_by(self.now) >= r.epochs:  # it finishes at the boundary anyway
             return None
+        b = self._cut(j)
         own = r.gpus
         if g > len(own):
             extra = self._pick(g - len(own), prefer_nodes={x // self.K for x in own})
@@ -192,6 +196,9 @@ class Engine:
             self._release(x, b)
         del self.running[j]
         self.not_before[j] = max(self.not_before[j], b)
+        heapq.heappush(self._wake, self.not_before[j])
+        if self.remaining[j] > 0:
+            self._idle.add(j)
         return b
 
     def projected_end(self, j: int, g: int) -> float:
@@ -216,8 +223,9 @@ class Engine:
             self.policy.step(self)
             nxt = [r.end for r in self.running.values()]
             nxt += [self._pending[0][0]] if self._pending else []
-            nxt += [self.not_before[j] for j in range(len(self.jobs))
-                    if self.remaining[j] > 0 and j not in self.running and self.not_before[j] > self.now + EPS]
+            while self._wake and self._wake[0] <= self.now + EPS * max(1.0, self.now):
+                heapq.heappop(self._wake)
+            nxt += self._wake[:1]
             nxt += [r.start for r in self.running.values() if r.start > self.now + EPS]
             if quantum and (self.running or self.waiting()):
                 nxt.append(self.now + quantum)
@@ -267,6 +275,7 @@ class Engine:
             self.holder[x] = j
         self.running[j] = Run(j, gpus, start, cost, tau, epochs)
         self.remaining[j] -= epochs
+        self._idle.discard(j)
 
     def _cut(self, j: int) -> float:
         """End job j's run at its next epoch boundary (segment emitted); returns the boundary."""

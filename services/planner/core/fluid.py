@@ -54,8 +54,11 @@ class Hull:
 def durations(problem: PlanningInput) -> np.ndarray:
     """D[j, g-1] = E_j t_j(g) for g = 1..G (best placement)."""
     G = problem.cluster.gpus
-    return np.array([[job.profile[g] for g in range(1, G + 1)] for job in problem.jobs], dtype=float) * \
-        np.array([[job.epochs] for job in problem.jobs], dtype=float)
+    # Profiles are sorted by GPU count and cover 1..G (PlanningInput checks), so the first G values are t(1..G).
+    D = np.empty((len(problem.jobs), G))
+    for i, job in enumerate(problem.jobs):
+        D[i] = np.fromiter(job.profile.values(), float, G) * job.epochs
+    return D
 
 
 def hull_of(D_row: np.ndarray) -> Hull:

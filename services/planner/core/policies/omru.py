@@ -38,6 +38,9 @@ FACTORS = (1.0, 1.02, 1.05, 1.1, 1.2, 1.35, 1.6, 2.0, 3.0)
 EXHAUSTIVE_BREAKPOINTS = 120
 #: A resize must shorten the job's remaining time by at least this share.
 MIN_GAIN = 0.01
+#: Batches with more jobs x GPUs than this try only BIG_FACTORS and no local search.
+BIG = 50_000
+BIG_FACTORS = (1.0, 1.1, 1.3)
 #: Engine passes the local search may spend, divided by the number of jobs.
 LOCAL_SEARCH_RUNS = 4000
 #: (start on what is free, grow only to hull counts) variants tried per target.
@@ -55,15 +58,19 @@ class _Omru:
 
     def step(self, e: Engine) -> None:
         waiting = set(e.waiting())
-        for j in self.order:
-            if j not in waiting or e.free_count == 0:
+        if waiting and e.free_count:
+            self.order = [j for j in self.order if e.remaining[j] > 0 or j in e.running]
+        for j in self.order if waiting else ():
+            if e.free_count == 0:
+                break
+            if j not in waiting:
                 continue
             g = self.targets[j]
             if g <= e.free_count:
                 e.start(j, g)
             elif self.fit and 2 * e.free_count >= g:
                 e.start(j, e.free_count)
-        if e.free_count and not e.waiting():
+        if e.free_count and not (waiting and e.waiting()):
             self._grow(e)
 
     def _grow(self, e: Engine) -> None:
@@ -123,12 +130,13 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
             tried[key] = (score, plan)
         return tried[key][0]
 
-    for T in _makespans(sol):
+    big = n * problem.cluster.gpus > BIG
+    for T in _makespans(sol) if not big else [sol.T * f for f in BIG_FACTORS]:
         targets = tuple(_target(h, T) for h in sol.hulls)
-        for mode in MODES:
+        for mode in MODES if not big else MODES[:2]:
             attempt(targets, lpt(targets), mode)
     # Local search on small batches: one job's count, or two jobs' places in the order.
-    budget = LOCAL_SEARCH_RUNS // max(1, n)
+    budget = 0 if big else LOCAL_SEARCH_RUNS // max(1, n)
     (targets, order, mode), (score, _) = min(tried.items(), key=lambda kv: kv[1][0])
     improved = True
     while improved and budget > 0:

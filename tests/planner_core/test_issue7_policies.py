@@ -1,0 +1,157 @@
+"""Issue 7: the `omru` policy, the cluster baselines, the engine's rules and the simulator."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from services.planner.core import bounds, fluid, profiles, registry, simulator, validate
+from services.planner.core.engine import resizes
+from services.planner.core.model import Cluster, Job, Plan, PlanningError, PlanningInput, Segment
+from core_builders import example_problem, random_jobs, reference_rows
+
+NEW_POLICIES = ("omru", "fifo", "sjf", "tiresias", "min-total-duration")
+TOL = 1 + 1e-9
+
+
+def _rich_instance(seed: int) -> PlanningInput:
+    """Random jobs with spread-placement slow-downs, requested GPUs, arrivals and a resize cost."""
+    rng = random.Random(seed)
+    per_node = rng.choice([1, 2, 4])
+    nodes = rng.randint(1, 4)
+    G = per_node * nodes
+    jobs = []
+    for j in random_jobs(rng, rng.randint(1, 12), G, monotone=bool(seed % 2)):
+        spread = {(g, k): j.profile[g] * rng.uniform(1.0, 1.8)
+                  for g in range(2, G + 1) for k in range(-(-g // per_node) + 1, min(g, nodes) + 1)}
+        jobs.append(dataclasses.replace(j, epochs=rng.randint(1, 40), placement=spread,
+                                        arrival_s=rng.choice([0.0, 0.0, rng.uniform(0, 2000)]),
+                                        requested_gpus=rng.randint(1, G)))
+    return PlanningInput(tuple(jobs), Cluster(nodes, per_node), seed=seed,
+                         resize_cost_s=rng.choice([0.0, 5.0, 30.0]))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_exact_fluid_solution_equals_the_lp_bound(seed):
+    rng = random.Random(seed)
+    G = rng.choice([1, 2, 3, 4, 8, 16])
+    p = PlanningInput(tuple(random_jobs(rng, rng.randint(1, 15), G, monotone=bool(seed % 2))), Cluster.of(G))
+    assert fluid.solve(p).T == pytest.approx(bounds.fluid(p), rel=1e-7)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_every_new_policy_keeps_placement_resize_and_arrival_rules(seed):
+    p = _rich_instance(seed)
+    for name in NEW_POLICIES:
+        plan = registry.plan(name, p)
+        assert validate.violations(plan, p) == [], name
+        assert not plan.unplaced, name
+        for s in plan.segments:
+            assert s.start_s >= p.job(s.job).arrival_s - 1e-9, name
+        if all(j.arrival_s == 0 for j in p.jobs):
+            assert plan.makespan_s * TOL >= fluid.solve(p).T, name
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_reference_policies_become_valid_when_replayed_with_placement_and_resize_cost(seed):
+    p = dataclasses.replace(_rich_instance(seed), options={"generations": 5})
+    for name in ("omru-ga", "optimus", "parallel"):
+        plan = simulator.replay(registry.plan(name, p), p)
+        assert validate.violations(plan, p) == [], name
+
+
+def test_replay_leaves_a_plan_that_keeps_every_rule_unchanged():
+    p = _rich_instance(3)
+    plan = registry.plan("omru", p)
+    assert simulator.replay(plan, p).segments == tuple(sorted(plan.segments, key=lambda s: (s.start_s, s.end_s, s.gpus)))
+
+
+@pytest.mark.parametrize("task,G", [(t, g) for t in ("image", "action") for g in (2, 4, 8)])
+def test_omru_is_within_2_percent_of_lb_fluid_and_never_worse_than_omru_ga_on_the_paper_data(task, G):
+    p = example_problem(task, G)
+    plan = validate.check(registry.plan("omru", p), p)
+    assert plan.makespan_s <= 1.02 * bounds.fluid(p)
+    ga = next(r for r in reference_rows() if r["task"] == task and int(r["gpus"]) == G and r["algorithm"] == "omru-ga")
+    assert plan.makespan_s / 60 <= float(ga["makespan_min"])
+
+
+def test_validator_rejects_a_restart_on_new_gpus_that_does_not_pay_the_resize_cost():
+    p = PlanningInput((Job("a", 2, {1: 10.0, 2: 6.0}),), Cluster.of(2), resize_cost_s=30.0)
+    cheap = Plan("x", (Segment("a", 0, 10, (0,), 1), Segment("a", 10, 16, (0, 1), 1)))
+    assert any("resize cost" in v for v in validate.violations(cheap, p))
+    paid = Plan("x", (Segment("a", 0, 10, (0,), 1), Segment("a", 10, 46, (0, 1), 1)))
+    assert validate.violations(paid, p) == []
+    same = Plan("x", (Segment("a", 0, 10, (0,), 1), Segment("a", 10, 20, (0,), 1)))
+    assert validate.violations(same, p) == [] and resizes(same) == 0 and resizes(paid) == 1
+
+
+def test_spread_placement_is_charged_its_slower_time():
+    slow = Job("a", 1, {1: 10.0, 2: 6.0}, placement={(2, 2): 9.0})
+    p = PlanningInput((slow,), Cluster(2, 1))
+    assert validate.violations(Plan("x", (Segment("a", 0, 6, (0, 1), 1),)), p)
+    assert registry.plan("omru", p).makespan_s == pytest.approx(9.0)
+
+
+def test_online_replay_never_shows_a_policy_a_job_before_it_arrives():
+    p = _rich_instance(5)
+    p = dataclasses.replace(p, jobs=tuple(dataclasses.replace(j, arrival_s=100.0 * i) for i, j in enumerate(p.jobs)))
+    seen = []
+
+    def spy(sub: PlanningInput) -> Plan:
+        seen.append((sub.options["start_s"], max(j.arrival_s for j in sub.jobs)))
+        return registry.plan("omru", sub)
+
+    plan, replans = simulator.online(spy, p, "omru")
+    assert replans == len(p.jobs)
+    assert all(arrival <= now for now, arrival in seen)
+    assert validate.violations(plan, p) == []
+
+
+@pytest.mark.parametrize("name", NEW_POLICIES)
+def test_online_plans_of_every_new_policy_pass_the_validator(name):
+    p = _rich_instance(8)
+    plan, _ = simulator.online(registry.get(name), p, name)
+    assert validate.violations(plan, p) == []
+
+
+def test_rigid_baselines_keep_the_requested_gpu_count():
+    p = _rich_instance(2)
+    for name in ("fifo", "sjf", "tiresias", "min-total-duration"):
+        for s in registry.plan(name, p).segments:
+            assert len(s.gpus) == p.job(s.job).requested_gpus, name
+
+
+def test_profiles_read_nodes_arrival_and_requested_gpus_columns():
+    text = ("job,epochs,gpus,epoch_seconds,nodes,arrival_s,requested_gpus\n"
+            "a,10,1,10,,0,2\na,10,2,6,1,,\na,10,2,7,2,,\nb,5,1,8,,30,\nb,5,2,5,,30,1\n")
+    a, b = profiles.parse_csv(text)
+    assert a.profile == {1: 10.0, 2: 6.0} and a.placement == {(2, 1): 6.0, (2, 2): 7.0}
+    assert a.requested_gpus == 2 and b.arrival_s == 30.0 and b.requested_gpus == 1
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ("a,1,2,5,3,,\n", "nodes 3"),
+    ("a,1,1,5,,-4,\n", "arrival_s"),
+    ("a,1,1,5,,,0\n", "requested_gpus"),
+])
+def test_bad_optional_columns_are_refused_naming_the_value(bad, needle):
+    with pytest.raises(PlanningError, match=needle):
+        profiles.parse_csv("job,epochs,gpus,epoch_seconds,nodes,arrival_s,requested_gpus\n" + bad)
+
+
+def test_simulate_charges_the_resize_cost_and_refuses_a_negative_one(capsys, tmp_path):
+    import json
+
+    from core_builders import PROFILES_CSV
+    from omru.cli.main import main
+
+    args = ["simulate", "--profiles", str(PROFILES_CSV), "--task", "image", "--gpus", "8", "--json"]
+    assert main(args + ["--policy", "omru-ga", "--resize-cost", "0"]) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert main(args + ["--policy", "omru-ga", "--resize-cost", "600"]) == 0
+    charged = json.loads(capsys.readouterr().out)
+    assert charged["makespan_s"] > free["makespan_s"]  # its reuse segments restart on new GPUs
+    assert main(args + ["--policy", "omru", "--resize-cost", "-1"]) == 2
+    assert "resize cost must be >= 0 seconds, got -1" in capsys.readouterr().err
