@@ -27,10 +27,20 @@ def configure(service: str, level: str = "INFO") -> None:
             structlog.processors.JSONRenderer(sort_keys=True),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(service=service)
+
+
+class _Stderr:
+    """Whatever sys.stderr is at write time (pytest swaps it between tests)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -67,9 +67,15 @@ def test_invalid_config_is_refused_naming_the_value(build, named):
         build()
 
 
-def test_server_main_exits_2_with_one_line_on_a_bad_config(capsys):
-    from services.registry.server import main
+def test_server_main_exits_2_with_one_line_on_a_bad_config():
+    import subprocess
+    import sys
 
-    assert main(["--port", "99999", "--etcd", "127.0.0.1:1"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["registry: error: port 99999 is not in 0..65535"]
+    from services.common.cluster import REPO_ROOT
+
+    result = subprocess.run(
+        [sys.executable, "-m", "services.registry.server", "--port", "99999", "--etcd", "127.0.0.1:1"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["registry: error: port 99999 is not in 0..65535"]
