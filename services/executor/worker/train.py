@@ -117,7 +117,35 @@ def init_distributed(attempt, rank: int):
     kwargs = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, store=prefixed, rank=rank, world_size=attempt.world_size,
                             timeout=timeout, **kwargs)
+    global _STORE
+    _STORE = prefixed
     return device
+
+
+#: The attempt's store, kept for the exit handshake (see leave_distributed).
+_STORE = None
+
+
+def leave_distributed(rank: int, world_size: int, wait_s: float = 30.0) -> None:
+    """Leave the process group so that rank 0, which hosts the TCPStore, exits last.
+
+    If rank 0 exits while another rank is still tearing its process group
+    down, that rank loses the store under its feet and aborts ("terminate
+    called without an active exception"), which its executor would take for
+    a crash. So every other rank checks out through the store after
+    destroying its group, and rank 0 waits (bounded) for all of them."""
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    store = _STORE
+    if store is None or world_size == 1:
+        return
+    if rank != 0:
+        store.add("left", 1)
+        return
+    deadline = time.monotonic() + wait_s
+    while store.add("left", 0) < world_size - 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def wrap_ddp(model, device):
@@ -367,8 +395,10 @@ def run(spec, attempt, rank: int, records: Records) -> None:
         else:
             job.train()
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        dist.destroy_process_group()  # a peer may be gone: no exit handshake
+        raise
+    leave_distributed(rank, job.world)
 
 
 def main(argv: list[str] | None = None) -> int:
