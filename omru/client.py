@@ -38,6 +38,7 @@ class JobStatus:
     revision: int
     message: str
     time_unix_s: float
+    epochs: int = 0  # epochs the job trains in all
 
     @property
     def done(self) -> bool:
@@ -92,7 +93,7 @@ def _state(value: int) -> str:
 
 def _status(u) -> JobStatus:
     return JobStatus(u.job_id, _state(u.state), u.epochs_done, u.world_size, u.accuracy, u.plan_version, u.revision,
-                     u.message, u.time_unix_s)
+                     u.message, u.time_unix_s, u.epochs)
 
 
 def _plan(p) -> PlanInfo:
@@ -122,7 +123,7 @@ def _requests(jobs, policy: str):
             specs.append(j)
             continue
         specs.append(convert.job_spec(j))
-        if j.profile and hasattr(planner_pb2, "JobProfile"):
+        if j.profile:
             hints.append(planner_pb2.JobProfile(job_id=j.id, epoch_seconds=dict(j.profile)))
     req = planner_pb2.SubmitJobsRequest(jobs=specs, policy=policy)
     if hints:

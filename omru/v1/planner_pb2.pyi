@@ -23,7 +23,7 @@ class Plan(_message.Message):
     def __init__(self, version: _Optional[int] = ..., policy: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.Segment, _Mapping]]] = ..., makespan_s: _Optional[float] = ..., created_unix_s: _Optional[float] = ...) -> None: ...
 
 class JobUpdate(_message.Message):
-    __slots__ = ("job_id", "state", "epochs_done", "world_size", "accuracy", "plan_version", "revision", "message", "time_unix_s")
+    __slots__ = ("job_id", "state", "epochs_done", "world_size", "accuracy", "plan_version", "revision", "message", "time_unix_s", "epochs")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_DONE_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class JobUpdate(_message.Message):
     REVISION_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: _common_pb2.JobState
     epochs_done: int
@@ -42,10 +43,11 @@ class JobUpdate(_message.Message):
     revision: int
     message: str
     time_unix_s: float
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., epochs_done: _Optional[int] = ..., world_size: _Optional[int] = ..., accuracy: _Optional[float] = ..., plan_version: _Optional[int] = ..., revision: _Optional[int] = ..., message: _Optional[str] = ..., time_unix_s: _Optional[float] = ...) -> None: ...
+    epochs: int
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., epochs_done: _Optional[int] = ..., world_size: _Optional[int] = ..., accuracy: _Optional[float] = ..., plan_version: _Optional[int] = ..., revision: _Optional[int] = ..., message: _Optional[str] = ..., time_unix_s: _Optional[float] = ..., epochs: _Optional[int] = ...) -> None: ...
 
 class JobResult(_message.Message):
-    __slots__ = ("job_id", "state", "epochs_done", "accuracy", "planned_finish_s", "actual_finish_s", "gpu_seconds")
+    __slots__ = ("job_id", "state", "epochs_done", "accuracy", "planned_finish_s", "actual_finish_s", "gpu_seconds", "world_sizes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_DONE_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +55,7 @@ class JobResult(_message.Message):
     PLANNED_FINISH_S_FIELD_NUMBER: _ClassVar[int]
     ACTUAL_FINISH_S_FIELD_NUMBER: _ClassVar[int]
     GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: _common_pb2.JobState
     epochs_done: int
@@ -60,10 +63,54 @@ class JobResult(_message.Message):
     planned_finish_s: float
     actual_finish_s: float
     gpu_seconds: float
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., epochs_done: _Optional[int] = ..., accuracy: _Optional[float] = ..., planned_finish_s: _Optional[float] = ..., actual_finish_s: _Optional[float] = ..., gpu_seconds: _Optional[float] = ...) -> None: ...
+    world_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., epochs_done: _Optional[int] = ..., accuracy: _Optional[float] = ..., planned_finish_s: _Optional[float] = ..., actual_finish_s: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., world_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GpuHold(_message.Message):
+    __slots__ = ("job_id", "attempt_id", "gpu", "start_s", "end_s", "world_size")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    START_S_FIELD_NUMBER: _ClassVar[int]
+    END_S_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt_id: str
+    gpu: _common_pb2.GpuRef
+    start_s: float
+    end_s: float
+    world_size: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt_id: _Optional[str] = ..., gpu: _Optional[_Union[_common_pb2.GpuRef, _Mapping]] = ..., start_s: _Optional[float] = ..., end_s: _Optional[float] = ..., world_size: _Optional[int] = ...) -> None: ...
+
+class Resize(_message.Message):
+    __slots__ = ("job_id", "time_s", "from_size", "to_size")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_S_FIELD_NUMBER: _ClassVar[int]
+    FROM_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TO_SIZE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    time_s: float
+    from_size: int
+    to_size: int
+    def __init__(self, job_id: _Optional[str] = ..., time_s: _Optional[float] = ..., from_size: _Optional[int] = ..., to_size: _Optional[int] = ...) -> None: ...
+
+class JobProfile(_message.Message):
+    __slots__ = ("job_id", "epoch_seconds")
+    class EpochSecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    epoch_seconds: _containers.ScalarMap[int, float]
+    def __init__(self, job_id: _Optional[str] = ..., epoch_seconds: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("makespan_s", "planned_makespan_s", "utilisation", "jobs", "policy", "gpus", "lower_bound_s")
+    __slots__ = ("makespan_s", "planned_makespan_s", "utilisation", "jobs", "policy", "gpus", "lower_bound_s", "compute_utilisation", "holds", "first_plan", "resizes", "origin_unix_s")
     MAKESPAN_S_FIELD_NUMBER: _ClassVar[int]
     PLANNED_MAKESPAN_S_FIELD_NUMBER: _ClassVar[int]
     UTILISATION_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +118,11 @@ class Report(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     LOWER_BOUND_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_UTILISATION_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_PLAN_FIELD_NUMBER: _ClassVar[int]
+    RESIZES_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     makespan_s: float
     planned_makespan_s: float
     utilisation: float
@@ -78,15 +130,22 @@ class Report(_message.Message):
     policy: str
     gpus: int
     lower_bound_s: float
-    def __init__(self, makespan_s: _Optional[float] = ..., planned_makespan_s: _Optional[float] = ..., utilisation: _Optional[float] = ..., jobs: _Optional[_Iterable[_Union[JobResult, _Mapping]]] = ..., policy: _Optional[str] = ..., gpus: _Optional[int] = ..., lower_bound_s: _Optional[float] = ...) -> None: ...
+    compute_utilisation: float
+    holds: _containers.RepeatedCompositeFieldContainer[GpuHold]
+    first_plan: Plan
+    resizes: _containers.RepeatedCompositeFieldContainer[Resize]
+    origin_unix_s: float
+    def __init__(self, makespan_s: _Optional[float] = ..., planned_makespan_s: _Optional[float] = ..., utilisation: _Optional[float] = ..., jobs: _Optional[_Iterable[_Union[JobResult, _Mapping]]] = ..., policy: _Optional[str] = ..., gpus: _Optional[int] = ..., lower_bound_s: _Optional[float] = ..., compute_utilisation: _Optional[float] = ..., holds: _Optional[_Iterable[_Union[GpuHold, _Mapping]]] = ..., first_plan: _Optional[_Union[Plan, _Mapping]] = ..., resizes: _Optional[_Iterable[_Union[Resize, _Mapping]]] = ..., origin_unix_s: _Optional[float] = ...) -> None: ...
 
 class SubmitJobsRequest(_message.Message):
-    __slots__ = ("jobs", "policy")
+    __slots__ = ("jobs", "policy", "profiles")
     JOBS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.JobSpec]
     policy: str
-    def __init__(self, jobs: _Optional[_Iterable[_Union[_common_pb2.JobSpec, _Mapping]]] = ..., policy: _Optional[str] = ...) -> None: ...
+    profiles: _containers.RepeatedCompositeFieldContainer[JobProfile]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_common_pb2.JobSpec, _Mapping]]] = ..., policy: _Optional[str] = ..., profiles: _Optional[_Iterable[_Union[JobProfile, _Mapping]]] = ...) -> None: ...
 
 class SubmitJobsResponse(_message.Message):
     __slots__ = ("job_ids",)

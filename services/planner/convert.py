@@ -65,7 +65,7 @@ def job_update(r: JobRecord, plan_version: int = 0) -> planner_pb2.JobUpdate:
     return planner_pb2.JobUpdate(
         job_id=r.job_id, state=common_pb2.JobState.Value(f"JOB_STATE_{r.state}"), epochs_done=r.epochs_done,
         world_size=r.world_size, accuracy=r.accuracy, plan_version=plan_version, revision=r.revision,
-        message=r.message, time_unix_s=r.finished_s or r.sent_s or r.submitted_s)
+        message=r.message, time_unix_s=r.finished_s or r.sent_s or r.submitted_s, epochs=r.epochs)
 
 
 def plan(p: dict | None) -> planner_pb2.Plan:
@@ -84,14 +84,22 @@ def planned_segments(p: dict | None) -> list[report.PlannedSegment]:
             for s in p["segments"]]
 
 
-def report_proto(f: report.Figures, states: dict[str, str]) -> planner_pb2.Report:
+def report_proto(f: report.Figures, states: dict[str, str], holds=(), first_plan: dict | None = None,
+                 origin_s: float = 0.0) -> planner_pb2.Report:
     return planner_pb2.Report(
         makespan_s=f.makespan_s, planned_makespan_s=f.planned_makespan_s, utilisation=f.utilisation,
-        policy=f.policy, gpus=f.gpus, lower_bound_s=f.lower_bound_s,
+        compute_utilisation=f.compute_utilisation, policy=f.policy, gpus=f.gpus, lower_bound_s=f.lower_bound_s,
+        origin_unix_s=origin_s, first_plan=plan(first_plan),
+        holds=[planner_pb2.GpuHold(job_id=h.job_id, attempt_id=h.attempt_id, gpu=common_pb2.GpuRef(node_id=n, index=i),
+                                   start_s=h.start_s - origin_s, end_s=h.end_s - origin_s, world_size=h.world_size)
+               for h in holds for n, i in h.gpus],
+        resizes=[planner_pb2.Resize(job_id=r.job_id, time_s=r.time_s, from_size=r.from_size, to_size=r.to_size)
+                 for r in f.resizes],
         jobs=[planner_pb2.JobResult(
             job_id=j.job_id, state=common_pb2.JobState.Value(f"JOB_STATE_{states.get(j.job_id, 'PENDING')}"),
             epochs_done=j.epochs_done, accuracy=j.accuracy, planned_finish_s=j.planned_finish_s,
-            actual_finish_s=j.actual_finish_s, gpu_seconds=j.gpu_seconds) for j in f.jobs])
+            actual_finish_s=j.actual_finish_s, gpu_seconds=j.gpu_seconds, world_sizes=list(j.world_sizes))
+            for j in f.jobs])
 
 
 def directive(kind: int, r: JobRecord, gpus, rendezvous: str, checkpoint_dir: str, directive_id: str) -> executor_pb2.Directive:

@@ -471,7 +471,9 @@ class Dispatcher:
         if plan is not None and (actions or self.plan_version == 0):
             self.plan_version += 1
             plan["version"] = self.plan_version
-            await self.state.put_plan(plan)
+            # the batch's first plan is the first one that covers every job (none still profiling)
+            unplanned = [r for r in await self.state.jobs() if r.state in (st.PENDING, st.PROFILING)]
+            await self.state.put_plan(plan, first=not unplanned)
             for q in list(self._job_watchers):  # a plan change is news too
                 for r in records:
                     q.put_nowait(await self.state.job(r.job_id))

@@ -47,7 +47,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
 
     async def _validate(self, request) -> tuple[list[str], list[JobRecord | None]]:
         """Every problem of the request (job and field named), and a record per new job (None: stored already)."""
-        hints = {p.job_id: dict(p.epoch_seconds) for p in getattr(request, "profiles", ())}
+        hints = {p.job_id: dict(p.epoch_seconds) for p in request.profiles}
         gpus = len(self.dispatcher.live_gpus()) or self.dispatcher.gpu_total
         problems: list[str] = []
         records: list[JobRecord | None] = []
@@ -125,18 +125,22 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
 
     @grpc_errors
     async def GetReport(self, request, context):
-        figures, states = await build_report(self.dispatcher)
-        return planner_pb2.GetReportResponse(report=convert.report_proto(figures, states))
+        figures, states, holds, first, origin = await build_report(self.dispatcher)
+        return planner_pb2.GetReportResponse(report=convert.report_proto(figures, states, holds, first, origin))
 
 
-async def build_report(d: Dispatcher) -> tuple[report.Figures, dict[str, str]]:
-    """The figures of the batch so far, from the stored executor events and the first plan."""
+async def build_report(d: Dispatcher) -> tuple[report.Figures, dict[str, str], list, dict | None, float]:
+    """The figures of the batch so far, from the stored executor events and the first plan.
+
+    Only the planner's own jobs count: profiling trials the profiler ran
+    through the executors are not part of the batch."""
     s = d.state
     events, first, origin, jobs = await asyncio.gather(s.events(), s.first_plan(), s.origin(), s.jobs())
     origin = origin if origin is not None else time.time()
-    segments = convert.planned_segments(first)
-    figures = report.figures(events, gpus=max(d.gpu_total, 1), origin_s=origin, plan=segments,
+    known = {r.job_id for r in jobs}
+    events = [e for e in events if e.job_id in known]
+    figures = report.figures(events, gpus=max(d.gpu_total, 1), origin_s=origin, plan=convert.planned_segments(first),
                              plan_origin_s=first["created_unix_s"] if first else None,
                              policy=first["policy"] if first else d.policy_in_force, now_s=time.time(),
-                             jobs=[r.job_id for r in jobs])
-    return figures, {r.job_id: r.state for r in jobs}
+                             jobs=sorted(known))
+    return figures, {r.job_id: r.state for r in jobs}, report.holds(events, now_s=time.time()), first, origin

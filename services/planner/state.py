@@ -134,9 +134,11 @@ class PlannerState:
 
     # --- plan and origin ----------------------------------------------------
 
-    async def put_plan(self, plan: dict) -> None:
+    async def put_plan(self, plan: dict, first: bool = True) -> None:
+        """Store the plan in force; with `first`, also as the batch's first plan unless one is stored."""
         await self.store.put(PLAN, json.dumps(plan).encode())
-        await self.store.cas(FIRST_PLAN, json.dumps(plan).encode(), 0)  # only the first one sticks
+        if first:
+            await self.store.cas(FIRST_PLAN, json.dumps(plan).encode(), 0)  # only the first one sticks
 
     async def plan(self) -> dict | None:
         kv = await self.store.get(PLAN)

@@ -69,3 +69,18 @@ async def test_cancelling_an_unknown_job_is_not_found(etcd, registry):
 
 async def _true(v):
     return bool(v)
+
+
+async def test_measured_epoch_times_travel_with_the_jobs_and_the_report_lists_every_job(etcd, registry, registry_stub, free_port):
+    from omru import workload
+    from omru.client import Client
+
+    await registry_stub.RegisterNode(node_request("n0", 2, free_port()))
+    w = workload.parse("jobs:\n  - id: a\n    model: resnet18\n    epochs: 3\n    profile: {1: 4.0, 2: 2.5}\n")
+    async with planner(etcd.endpoint, registry.address) as (running, d, _stub):
+        async with Client(running.address) as c:
+            assert await c.submit(w) == ["a"]
+            stored = await d.state.job("a")
+            assert stored.profile == {1: 4.0, 2: 2.5}
+            rep = await c.report()
+            assert [j.job_id for j in rep.jobs] == ["a"]

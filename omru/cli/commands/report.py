@@ -17,22 +17,20 @@ def figures_of(proto):
     """A Report proto -> (report.Figures, holds, first-plan segments, plan origin)."""
     from services.planner import report
 
-    # holds, first_plan, resizes, compute_utilisation, origin and world_sizes are planned
-    # additions to omru.v1.Report; until they are in the proto they read as empty
     holds = [report.Hold(h.job_id, h.attempt_id, h.gpu.node_id, ((h.gpu.node_id, h.gpu.index),), h.start_s, h.end_s,
-                         h.world_size) for h in getattr(proto, "holds", ())]
-    first = getattr(proto, "first_plan", None)
+                         h.world_size) for h in proto.holds]
+    first = proto.first_plan
     segments = [report.PlannedSegment(s.job_id, s.start_s, s.end_s, tuple((g.node_id, g.index) for g in s.gpus))
-                for s in (first.segments if first is not None else ())]
+                for s in first.segments]
     jobs = tuple(report.JobFigures(
         job_id=j.job_id, finished=j.state == 7, epochs_done=j.epochs_done, accuracy=j.accuracy,
         actual_finish_s=j.actual_finish_s, planned_finish_s=j.planned_finish_s, gpu_seconds=j.gpu_seconds,
-        world_sizes=tuple(getattr(j, "world_sizes", ()))) for j in proto.jobs)
-    resizes = tuple(report.Resize(r.job_id, r.time_s, r.from_size, r.to_size) for r in getattr(proto, "resizes", ()))
+        world_sizes=tuple(j.world_sizes)) for j in proto.jobs)
+    resizes = tuple(report.Resize(r.job_id, r.time_s, r.from_size, r.to_size) for r in proto.resizes)
     f = report.Figures(makespan_s=proto.makespan_s, planned_makespan_s=proto.planned_makespan_s,
-                       utilisation=proto.utilisation, compute_utilisation=getattr(proto, "compute_utilisation", 0.0),
+                       utilisation=proto.utilisation, compute_utilisation=proto.compute_utilisation,
                        gpus=proto.gpus, jobs=jobs, resizes=resizes, policy=proto.policy, lower_bound_s=proto.lower_bound_s)
-    shift = first.created_unix_s - getattr(proto, "origin_unix_s", first.created_unix_s) if first is not None else 0.0
+    shift = first.created_unix_s - proto.origin_unix_s if first.created_unix_s else 0.0
     return f, holds, segments, shift
 
 

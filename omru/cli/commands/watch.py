@@ -40,7 +40,7 @@ def follow(c, job_ids=(), timeout_s=None, out=sys.stdout, epochs: dict[str, int]
         ends = {}
         for seg in plan.segments:
             ends[seg.job_id] = max(ends.get(seg.job_id, 0.0), plan.created_unix_s + seg.end_s)
-        rows = [line(x, (epochs or {}).get(x.job_id, max(x.epochs_done, 1)),
+        rows = [line(x, (epochs or {}).get(x.job_id, x.epochs or max(x.epochs_done, 1)),
                      max(0.0, ends[x.job_id] - time.time()) if x.job_id in ends else None)
                 for x in sorted(latest.values(), key=lambda x: x.job_id)]
         if tty:
@@ -48,7 +48,7 @@ def follow(c, job_ids=(), timeout_s=None, out=sys.stdout, epochs: dict[str, int]
             out.write("".join(f"\x1b[2K{r}\n" for r in rows))
             shown = len(rows)
         else:
-            out.write(line(s, (epochs or {}).get(s.job_id, max(s.epochs_done, 1)), None) + "\n")
+            out.write(line(s, (epochs or {}).get(s.job_id, s.epochs or max(s.epochs_done, 1)), None) + "\n")
         out.flush()
     return latest
 
