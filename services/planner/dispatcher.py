@@ -23,7 +23,10 @@ One reconcile:
    restarts it with the learning rate rescaled).
 
 Profiles: a job submitted with epoch times (workload `profile:`) uses them;
-otherwise the profiler service measures it. Start overhead (directive sent ->
+otherwise the profiler service measures it. Every epoch an executor reports
+refines them: the planner plans with the mean epoch time observed at each GPU
+count, and scales the counts not yet seen by the observed/profiled ratio
+(`corrected_profile`; off with learn_profiles=False). Start overhead (directive sent ->
 first epoch done, minus that epoch's own seconds) is measured on every
 attempt; until the first measurement the configured prior is used.
 """
@@ -167,6 +170,27 @@ def epoch_table(profile: Mapping[int, float], gpus: int, min_gpus: int = 1, max_
     return table
 
 
+def observe(observed: Mapping[int, Sequence[float]], gpus: int, seconds: float) -> dict[int, list[float]]:
+    """`observed` with one more epoch of `seconds` on `gpus` GPUs folded into its running mean."""
+    mean, n = observed.get(gpus, (0.0, 0))
+    out = {k: list(v) for k, v in observed.items()}
+    out[gpus] = [(mean * n + seconds) / (n + 1), int(n) + 1]
+    return out
+
+
+def corrected_profile(profile: Mapping[int, float], observed: Mapping[int, Sequence[float]]) -> dict[int, float]:
+    """The profile as the cluster runs it: counts seen running take their
+    observed mean epoch time; the others are scaled by the mean ratio observed /
+    profiled over the counts seen (so a job that runs slower side by side than
+    it profiled alone is planned slower at every count)."""
+    seen = {g: float(m) for g, (m, n) in observed.items() if n > 0 and m > 0}
+    ratios = [seen[g] / profile[g] for g in seen if profile.get(g, 0) > 0]
+    scale = sum(ratios) / len(ratios) if ratios else 1.0
+    out = {g: t * scale for g, t in profile.items()}
+    out.update(seen)
+    return out
+
+
 # --- the engine ---------------------------------------------------------------
 
 
@@ -175,7 +199,7 @@ class Dispatcher:
 
     def __init__(self, state: PlannerState, registry: str, profiler: str, policy: str = "", token: str | None = None,
                  checkpoint_root: str = "", start_overhead_s: float = 4.0, seed: int = 0,
-                 policy_options: Mapping[str, object] | None = None) -> None:
+                 policy_options: Mapping[str, object] | None = None, learn_profiles: bool = True) -> None:
         import tempfile
 
         self.state = state
@@ -188,6 +212,7 @@ class Dispatcher:
         self.overheads: list[float] = []
         self.seed = seed
         self.policy_options = dict(policy_options or {})
+        self.learn_profiles = learn_profiles  # plan with the epoch times observed, not only the profiled ones
         self.nodes: dict[str, object] = {}  # node_id -> registry Node
         self.gpu_total = 0
         self._channels: dict[str, object] = {}
@@ -397,7 +422,9 @@ class Dispatcher:
                 self._measured.add(r.attempt_id)
                 self.overheads.append(max(0.0, e.time_s - r.sent_s - e.epoch_seconds))
             await self._update(r.job_id, lambda c: replace(
-                c, epochs_done=max(c.epochs_done, e.epoch), accuracy=e.accuracy if e.epoch >= c.epochs_done else c.accuracy))
+                c, epochs_done=max(c.epochs_done, e.epoch), accuracy=e.accuracy if e.epoch >= c.epochs_done else c.accuracy,
+                observed=observe(c.observed, e.world_size, e.epoch_seconds) if e.world_size and e.epoch_seconds > 0
+                else c.observed))
         elif e.kind == "finished":
             await self._update(r.job_id, lambda c: None if c.terminal else replace(
                 c, state=st.FINISHED, epochs_done=c.epochs, finished_s=e.time_s, message=""))
@@ -479,7 +506,7 @@ class Dispatcher:
                     q.put_nowait(await self.state.job(r.job_id))
 
     async def _plan(self, records: list[JobRecord], gpus: list[Gpu]):
-        from services.planner.core import registry
+        from services.planner.core import bounds, registry
         from services.planner.core.model import Cluster, Job, PlanningError, PlanningInput
 
         per_node = {n for n in (sum(1 for g in gpus if g[0] == nd) for nd in {g[0] for g in gpus})}
@@ -488,7 +515,8 @@ class Dispatcher:
         jobs = []
         for r in records:
             remaining = max(r.epochs - r.epochs_done, 1)
-            table = epoch_table(r.profile, len(gpus), r.spec.get("min_gpus", 1), r.max_gpus)
+            profile = corrected_profile(r.profile, r.observed) if self.learn_profiles else r.profile
+            table = epoch_table(profile, len(gpus), r.spec.get("min_gpus", 1), r.max_gpus)
             tables[r.job_id] = table
             running = len(r.gpus) if r.state != st.WAITING else 0
             planned = {g: t + (0.0 if g == running else self.overhead_s / remaining) for g, t in table.items()}
@@ -498,7 +526,7 @@ class Dispatcher:
         try:
             problem = PlanningInput(jobs=tuple(jobs), cluster=cluster, seed=self.seed, options=self._options(name, jobs),
                                     resize_cost_s=self.overhead_s)
-            result = await asyncio.to_thread(registry.plan, name, problem)
+            result, lower_bound = await asyncio.to_thread(lambda: (registry.plan(name, problem), bounds.fluid(problem)))
         except PlanningError as exc:
             log.error("planning_failed", error=str(exc))
             return None, {}, [r.job_id for r in records], tables
@@ -513,7 +541,7 @@ class Dispatcher:
         order = sorted(first, key=lambda j: (first[j], j))
         plan = {
             "version": 0, "policy": name, "created_unix_s": now, "planning_seconds": seconds,
-            "makespan_s": result.makespan_s + seconds, "overhead_s": self.overhead_s,
+            "makespan_s": result.makespan_s + seconds, "overhead_s": self.overhead_s, "lower_bound_s": lower_bound,
             "segments": [{"job": s.job, "start_s": s.start_s + seconds, "end_s": s.end_s + seconds,
                           "gpus": [list(gpus[i]) for i in s.gpus], "epochs": s.epochs} for s in result.segments],
         }

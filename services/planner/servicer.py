@@ -142,5 +142,12 @@ async def build_report(d: Dispatcher) -> tuple[report.Figures, dict[str, str], l
     figures = report.figures(events, gpus=max(d.gpu_total, 1), origin_s=origin, plan=convert.planned_segments(first),
                              plan_origin_s=first["created_unix_s"] if first else None,
                              policy=first["policy"] if first else d.policy_in_force, now_s=time.time(),
-                             jobs=sorted(known))
+                             jobs=sorted(known), lower_bound_s=_lower_bound(first, origin))
     return figures, {r.job_id: r.state for r in jobs}, report.holds(events, now_s=time.time()), first, origin
+
+
+def _lower_bound(first: dict | None, origin: float) -> float:
+    """LB_fluid of the first plan's problem, after origin (0 when unknown)."""
+    if not first or not first.get("lower_bound_s"):
+        return 0.0
+    return first["lower_bound_s"] + first["created_unix_s"] - origin

@@ -47,6 +47,7 @@ class JobRecord:
     spec: dict  # TrainSpec.to_dict()
     max_gpus: int = 0
     profile: dict = field(default_factory=dict)  # {gpus(int): epoch seconds}
+    observed: dict = field(default_factory=dict)  # {gpus(int): [mean epoch seconds seen, epochs seen]}
     state: str = PENDING
     epochs_done: int = 0
     world_size: int = 0
@@ -80,12 +81,14 @@ class JobRecord:
         d = asdict(self)
         d.pop("revision")
         d["profile"] = {str(k): v for k, v in self.profile.items()}
+        d["observed"] = {str(k): list(v) for k, v in self.observed.items()}
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes, revision: int = 0) -> "JobRecord":
         d = json.loads(data)
         d["profile"] = {int(k): float(v) for k, v in d.get("profile", {}).items()}
+        d["observed"] = {int(k): [float(m), int(n)] for k, (m, n) in d.get("observed", {}).items()}
         d["gpus"] = tuple((n, int(i)) for n, i in d.get("gpus", ()))
         d["target"] = tuple((n, int(i)) for n, i in d.get("target", ()))
         return cls(**d, revision=revision)

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from services.planner.dispatcher import JobView, decide, epoch_table
+from services.planner.dispatcher import JobView, corrected_profile, decide, epoch_table, observe
 
 N0 = [("n0", 0), ("n0", 1)]
 N1 = [("n1", 0), ("n1", 1)]
@@ -66,3 +66,27 @@ def test_the_epoch_table_covers_every_count_without_inventing_speed_up():
     assert t[1] == 10.0 and t[2] == 6.0 and t[3] == 6.0 and t[4] > t[3]
     assert epoch_table({2: 6.0}, gpus=2)[1] == 12.0
     assert epoch_table({1: 5.0, 2: 3.0}, gpus=2, min_gpus=2)[1] == 500.0
+
+
+def test_observed_epochs_fold_into_a_running_mean_per_gpu_count():
+    seen = observe({}, 2, 10.0)
+    seen = observe(seen, 2, 14.0)
+    seen = observe(seen, 1, 30.0)
+    assert seen == {2: [12.0, 2], 1: [30.0, 1]}
+
+
+def test_the_profile_follows_what_the_cluster_measured():
+    profile = {1: 20.0, 2: 10.0, 4: 6.0}
+    assert corrected_profile(profile, {}) == profile
+    # seen at 2 GPUs 50 % slower than profiled: 2 takes the measured time, the others scale by it
+    assert corrected_profile(profile, {2: [15.0, 3]}) == {1: 30.0, 2: 15.0, 4: 9.0}
+    # two counts seen: each keeps its measurement, the rest scale by the mean ratio (1.5 and 1.0)
+    assert corrected_profile(profile, {1: [30.0, 1], 2: [10.0, 4]}) == {1: 30.0, 2: 10.0, 4: 7.5}
+
+
+def test_observed_epoch_times_survive_the_etcd_record():
+    from services.planner.state import JobRecord
+
+    r = JobRecord(spec={"job_id": "j", "epochs": 3}, profile={1: 20.0, 2: 10.0}, observed=observe({}, 2, 12.5))
+    back = JobRecord.from_json(r.to_json())
+    assert back == r and back.observed == {2: [12.5, 1]}
