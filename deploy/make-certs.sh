@@ -2,7 +2,10 @@
 # Create a CA, one certificate per service (and etcd), and a bearer token.
 #   deploy/make-certs.sh OUT_DIR HOST [HOST ...]
 # Every HOST (name or IP address) goes into each certificate's SANs, so one
-# set serves a cluster whose head and nodes are those hosts. Keys stay in
+# set serves a cluster whose head and nodes are those hosts. Each certificate
+# also names its service: CN and DNS SAN omru-<service> (executors accept
+# directives only from omru-planner, and trials from omru-profiler; they
+# check the planner they subscribe to presents omru-planner). Keys stay in
 # OUT_DIR (mode 600); copy OUT_DIR to every node as ./certs next to the
 # compose files.
 set -euo pipefail
@@ -19,7 +22,7 @@ done
 for svc in registry profiler planner executor etcd client; do
   openssl req -newkey rsa:3072 -nodes -subj "/CN=omru-$svc" -keyout "$svc-key.pem" -out "$svc.csr" 2>/dev/null
   openssl x509 -req -in "$svc.csr" -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 825 \
-    -extfile <(printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$san") \
+    -extfile <(printf 'subjectAltName=DNS:omru-%s,%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$svc" "$san") \
     -out "$svc.pem" 2>/dev/null
   rm -f "$svc.csr"
 done

@@ -13,6 +13,8 @@ Every unary call has a deadline (`deadline_s`, default 10 s); watches run
 until the caller stops them (or, with ``until_done``, until every watched job
 is in a terminal state). Errors surface as `grpc.aio.AioRpcError` / the
 status code the planner chose (INVALID_ARGUMENT names each bad value).
+Against a planner serving TLS pass ``tls=TlsConfig(ca_file=..., cert_file=...,
+key_file=...)`` (services.common.config; the certificate only for mutual TLS).
 """
 
 from __future__ import annotations
@@ -134,10 +136,11 @@ def _requests(jobs, policy: str):
 class Client:
     """Asyncio client of PlannerService (use as ``async with Client(addr) as c``)."""
 
-    def __init__(self, address: str, token: str | None = None, deadline_s: float = 10.0) -> None:
+    def __init__(self, address: str, token: str | None = None, deadline_s: float = 10.0, tls=None) -> None:
         self.address = address
         self.token = token
         self.deadline_s = deadline_s
+        self.tls = tls  # services.common.config.TlsConfig: CA (and client certificate for mutual TLS)
         self._channel = None
         self._stub = None
 
@@ -145,7 +148,7 @@ class Client:
         from omru.v1 import planner_pb2_grpc
         from services.common.channels import open_channel
 
-        self._channel = open_channel(self.address, token=self.token, deadline=self.deadline_s)
+        self._channel = open_channel(self.address, token=self.token, tls=self.tls, deadline=self.deadline_s)
         self._stub = planner_pb2_grpc.PlannerServiceStub(self._channel)
         return self
 
@@ -243,11 +246,11 @@ class Client:
 class SyncClient:
     """Blocking wrapper of `Client` (its own event loop on a daemon thread)."""
 
-    def __init__(self, address: str, token: str | None = None, deadline_s: float = 10.0) -> None:
+    def __init__(self, address: str, token: str | None = None, deadline_s: float = 10.0, tls=None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="omru-client", daemon=True)
         self._thread.start()
-        self._client = Client(address, token=token, deadline_s=deadline_s)
+        self._client = Client(address, token=token, deadline_s=deadline_s, tls=tls)
         self._run(self._client.__aenter__())
 
     def _run(self, coro):

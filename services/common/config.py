@@ -38,19 +38,41 @@ def check_endpoint(name: str, value: str) -> str:
     return value
 
 
+#: Identities (certificate CN and DNS SAN, see deploy/make-certs.sh) of the services.
+PLANNER_IDENTITY = "omru-planner"
+PROFILER_IDENTITY = "omru-profiler"
+
+
 @dataclass(frozen=True)
 class TlsConfig:
-    """Server TLS from PEM files (both or neither)."""
+    """TLS from PEM files: an own certificate and key (both or neither) and a CA bundle.
 
-    cert_file: Path
-    key_file: Path
+    As a server: cert/key are served; with ca_file, clients must present a
+    certificate the CA signed (mutual TLS). As a client: ca_file verifies the
+    server (None: the system roots); cert/key, when given, are presented."""
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    ca_file: Path | None = None
 
     def __post_init__(self) -> None:
-        for name in ("cert_file", "key_file"):
-            path = Path(getattr(self, name))
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ConfigError("tls cert_file and key_file must be given together")
+        if self.cert_file is None and self.ca_file is None:
+            raise ConfigError("tls needs cert_file and key_file, or ca_file")
+        for name in ("cert_file", "key_file", "ca_file"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            path = Path(value)
             if not path.is_file():
                 raise ConfigError(f"tls {name} {str(path)!r} is not a readable file")
             object.__setattr__(self, name, path)
+
+    @property
+    def mutual(self) -> bool:
+        """Own certificate and a CA: both ends verify each other."""
+        return self.cert_file is not None and self.ca_file is not None
 
 
 @dataclass(frozen=True)
@@ -68,10 +90,18 @@ class ServerConfig:
             raise ConfigError("host '' is empty")
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"port {self.port!r} is not in 0..65535")
+        if self.tls is not None and self.tls.cert_file is None:
+            raise ConfigError("server tls needs a certificate and key (--tls-cert, --tls-key)")
         if self.auth_token is not None and (not self.auth_token or any(c.isspace() for c in self.auth_token)):
             raise ConfigError("auth token is empty or contains whitespace")
         if self.grace_seconds < 0:
             raise ConfigError(f"grace_seconds {self.grace_seconds!r} is negative")
+
+    @property
+    def client_tls(self) -> TlsConfig | None:
+        """TLS of the channels this service opens to others: with mutual TLS its
+        own certificate and the CA, else None (plaintext)."""
+        return self.tls if self.tls is not None and self.tls.mutual else None
 
 
 @dataclass(frozen=True)
@@ -81,6 +111,7 @@ class EtcdConfig:
     endpoint: str = "127.0.0.1:2379"
     prefix: str = "/omru/"
     timeout_seconds: float = 2.0
+    tls: TlsConfig | None = None  # https to etcd (ca_file; cert/key for --client-cert-auth)
 
     def __post_init__(self) -> None:
         check_endpoint("etcd endpoint", self.endpoint)
@@ -88,6 +119,8 @@ class EtcdConfig:
             raise ConfigError(f"etcd prefix {self.prefix!r} must start and end with '/'")
         if not self.timeout_seconds > 0:
             raise ConfigError(f"etcd timeout_seconds {self.timeout_seconds!r} is not positive")
+        if self.tls is not None and self.tls.ca_file is None:
+            raise ConfigError("etcd tls needs the CA of etcd's certificate (--etcd-ca)")
 
 
 @dataclass(frozen=True)
@@ -143,9 +176,13 @@ class ExecutorConfig:
     advertise_host: str = ""
     work_dir: Path | None = None
     max_restarts: int = 2
+    planner_identity: str = PLANNER_IDENTITY  # with mutual TLS: who may send directives
+    profiler_identity: str = PROFILER_IDENTITY  # with mutual TLS: who may run profiling trials
 
     def __post_init__(self) -> None:
         check_id("node_id", self.node_id)
+        check_id("planner_identity", self.planner_identity)
+        check_id("profiler_identity", self.profiler_identity)
         if not isinstance(self.max_restarts, int) or not 0 <= self.max_restarts <= 100:
             raise ConfigError(f"max_restarts {self.max_restarts!r} is not in 0..100")
         check_endpoint("registry address", self.registry)
@@ -164,8 +201,8 @@ def add_server_args(parser: argparse.ArgumentParser, default_port: int = 0) -> N
     """The listening options every server takes."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=default_port, help="port (0 = any free port)")
-    parser.add_argument("--tls-cert", type=Path, help="PEM certificate (with --tls-key: serve TLS)")
-    parser.add_argument("--tls-key", type=Path, help="PEM private key")
+    add_tls_args(parser, "serve TLS", "require client certificates it signed and verify the services this "
+                 "one calls (mutual TLS; they are called with --tls-cert)")
     parser.add_argument(
         "--auth-token-file",
         type=Path,
@@ -173,10 +210,32 @@ def add_server_args(parser: argparse.ArgumentParser, default_port: int = 0) -> N
     )
 
 
+def add_tls_args(parser: argparse.ArgumentParser, cert_use: str, ca_use: str) -> None:
+    """--tls-cert/--tls-key (own certificate) and --tls-ca (CA bundle)."""
+    parser.add_argument("--tls-cert", type=Path, help=f"PEM certificate (with --tls-key: {cert_use})")
+    parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-ca", type=Path, help=f"PEM CA bundle: {ca_use}")
+
+
 def add_etcd_args(parser: argparse.ArgumentParser) -> None:
     """The etcd options of services that store state."""
     parser.add_argument("--etcd", default="127.0.0.1:2379", help="etcd endpoint host:port")
     parser.add_argument("--etcd-prefix", default="/omru/", help="key prefix of all OMRU keys")
+    parser.add_argument("--etcd-ca", type=Path, help="PEM CA bundle of etcd's certificate (reach etcd over TLS)")
+    parser.add_argument("--etcd-cert", type=Path, help="PEM client certificate for etcd (--client-cert-auth)")
+    parser.add_argument("--etcd-key", type=Path, help="PEM private key of --etcd-cert")
+
+
+def tls_config(cert: Path | None, key: Path | None, ca: Path | None, flags: str = "--tls") -> TlsConfig | None:
+    """TlsConfig from the three options (None when none is given); the error names the flag."""
+    if cert is None and key is None and ca is None:
+        return None
+    if (cert is None) != (key is None):
+        raise ConfigError(f"{flags}-cert and {flags}-key must be given together")
+    for suffix, path in (("cert", cert), ("key", key), ("ca", ca)):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"{flags}-{suffix} {str(path)!r} is not a readable file")
+    return TlsConfig(cert, key, ca)
 
 
 def read_token(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
@@ -192,14 +251,11 @@ def read_token(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
 
 def server_config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> ServerConfig:
     """ServerConfig from add_server_args options and the environment."""
-    tls = None
-    if args.tls_cert or args.tls_key:
-        if not (args.tls_cert and args.tls_key):
-            raise ConfigError("--tls-cert and --tls-key must be given together")
-        tls = TlsConfig(args.tls_cert, args.tls_key)
+    tls = tls_config(args.tls_cert, args.tls_key, args.tls_ca)
     return ServerConfig(host=args.host, port=args.port, tls=tls, auth_token=read_token(args, env))
 
 
 def etcd_config_from_args(args: argparse.Namespace) -> EtcdConfig:
     """EtcdConfig from add_etcd_args options."""
-    return EtcdConfig(endpoint=args.etcd, prefix=args.etcd_prefix)
+    tls = tls_config(args.etcd_cert, args.etcd_key, args.etcd_ca, "--etcd")
+    return EtcdConfig(endpoint=args.etcd, prefix=args.etcd_prefix, tls=tls)

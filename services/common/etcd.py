@@ -5,7 +5,9 @@ create-if-absent and compare-and-swap transactions, leases, and a watch that
 survives a broken stream (it resumes after the last revision it delivered,
 and re-lists when that revision is compacted). Keys are given and returned
 relative to the prefix. Every etcd outage surfaces as `EtcdUnavailable`,
-which servicers map to UNAVAILABLE.
+which servicers map to UNAVAILABLE. With a `TlsConfig` etcd is reached over
+TLS (its certificate verified against the CA, the own certificate presented
+when etcd runs with --client-cert-auth).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from typing import AsyncIterator, Mapping
 import aetcd
 import grpc
 from aetcd import exceptions as aetcd_errors
-from aetcd import rpc
+from aetcd import rpc, watcher
 from aetcd.utils import prefix_range_end
 
+from services.common.channels import channel_credentials
+from services.common.config import EtcdConfig, TlsConfig
 from services.common.logging import get_logger
 
 log = get_logger(__name__)
@@ -88,17 +92,44 @@ class TxnResult:
     existing: tuple[Kv, ...] = ()
 
 
-class EtcdStore:
-    """Keys under one prefix of one etcd endpoint."""
+class _TlsClient(aetcd.Client):
+    """aetcd.Client over TLS (aetcd 1.0 itself opens plaintext channels only)."""
 
-    def __init__(self, endpoint: str, prefix: str = "/omru/", timeout: float = 2.0) -> None:
+    def __init__(self, credentials: grpc.ChannelCredentials, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        # aetcd's connect with a secure channel; nothing awaits, so no other task interleaves
+        if self._connected.is_set():
+            return
+        self.channel = rpc.secure_channel(f"{self._host}:{self._port}", self._credentials, options=self._options.items())
+        self.kvstub = rpc.KVStub(self.channel)
+        self.clusterstub = rpc.ClusterStub(self.channel)
+        self.leasestub = rpc.LeaseStub(self.channel)
+        self.maintenancestub = rpc.MaintenanceStub(self.channel)
+        self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata)
+        self._connected.set()
+
+
+class EtcdStore:
+    """Keys under one prefix of one etcd endpoint (over TLS when tls is given)."""
+
+    def __init__(self, endpoint: str, prefix: str = "/omru/", timeout: float = 2.0, tls: TlsConfig | None = None) -> None:
         host, _, port = endpoint.rpartition(":")
         self.endpoint = endpoint
         self.prefix = prefix
         self.timeout = timeout
-        self._client = aetcd.Client(
-            host=host, port=int(port), timeout=timeout, options=dict(_CHANNEL_OPTIONS), connect_wait_timeout=timeout
-        )
+        options = dict(host=host, port=int(port), timeout=timeout, options=dict(_CHANNEL_OPTIONS), connect_wait_timeout=timeout)
+        if tls is None:
+            self._client = aetcd.Client(**options)
+        else:
+            self._client = _TlsClient(channel_credentials(tls), **options)
+
+    @classmethod
+    def from_config(cls, config: EtcdConfig) -> "EtcdStore":
+        """The store an EtcdConfig describes."""
+        return cls(config.endpoint, config.prefix, config.timeout_seconds, config.tls)
 
     # --- lifecycle ---------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """gRPC server bootstrap shared by every OMRU service.
 
 `start_server` binds a grpc.aio server (port 0 works: the bound port is
-returned), adds the health and reflection services, optional TLS and an
-optional bearer-token interceptor. `serve_forever` prints one JSON ready
+returned), adds the health and reflection services, optional TLS (mutual
+when the config names a CA: clients without a certificate it signed are
+refused in the handshake) and an optional bearer-token interceptor.
+`peer_identities` tells a servicer who (which certificate) is calling. `serve_forever` prints one JSON ready
 line on stdout (what `omru up` waits for), then runs until SIGTERM/SIGINT and
 stops gracefully (health NOT_SERVING first, then a grace period).
 """
@@ -78,6 +80,13 @@ def _deny(handler: grpc.RpcMethodHandler, method: str, what: str) -> grpc.RpcMet
     return make(refuse, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
 
 
+def peer_identities(context: grpc.aio.ServicerContext) -> tuple[str, ...]:
+    """The names of the caller's verified certificate: its CN, then its SANs (empty without mutual TLS)."""
+    auth = context.auth_context()
+    names = [*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())]
+    return tuple(dict.fromkeys(n.decode() if isinstance(n, bytes) else n for n in names))
+
+
 @dataclass
 class RunningServer:
     """A started server: its grpc.aio server, bound port and health servicer."""
@@ -117,7 +126,9 @@ async def start_server(config: ServerConfig, services: Sequence[Service]) -> Run
     reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     target = f"{config.host}:{config.port}"
     if config.tls is not None:
-        credentials = grpc.ssl_server_credentials([(config.tls.key_file.read_bytes(), config.tls.cert_file.read_bytes())])
+        ca = config.tls.ca_file.read_bytes() if config.tls.ca_file is not None else None
+        credentials = grpc.ssl_server_credentials([(config.tls.key_file.read_bytes(), config.tls.cert_file.read_bytes())],
+                                                  root_certificates=ca, require_client_auth=ca is not None)
         port = server.add_secure_port(target, credentials)
     else:
         port = server.add_insecure_port(target)
@@ -126,7 +137,8 @@ async def start_server(config: ServerConfig, services: Sequence[Service]) -> Run
     await server.start()
     for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("server_started", address=f"{config.host}:{port}", services=list(names), tls=config.tls is not None, auth=bool(config.auth_token))
+    log.info("server_started", address=f"{config.host}:{port}", services=list(names), tls=config.tls is not None,
+             mutual_tls=config.tls is not None and config.tls.ca_file is not None, auth=bool(config.auth_token))
     return RunningServer(server, config.host, port, health_servicer, names, config.grace_seconds)
 
 

@@ -26,17 +26,22 @@ async def start(config: cfg.ExecutorConfig, servicer=None) -> tuple[RunningServe
 
     Unless a servicer is given, the ExecutorService runs a Supervisor whose
     GPU claims go through the registry; with config.planner set it also
-    applies the directives the planner streams for this node. Stopping the
+    applies the directives the planner streams for this node. With mutual TLS
+    directives are accepted only from the planner's identity (and trials
+    from the profiler's), and the planner's server must present a
+    certificate naming config.planner_identity. Stopping the
     server stops the subscription, then every worker (GPUs released), then
     deregisters the node.
     """
     node_gpus = gpus.detect(config.slots)
-    channel = open_channel(config.registry, token=config.server.auth_token)
+    tls = config.server.client_tls
+    channel = open_channel(config.registry, token=config.server.auth_token, tls=tls)
     supervisor = None
     if servicer is None:
         supervisor = Supervisor(config.node_id, devices_of(node_gpus), RegistryClaims(channel),
                                 work_dir=config.work_dir, max_restarts=config.max_restarts)
-        servicer = ExecutorServicer(supervisor)
+        identities = (config.planner_identity, config.profiler_identity) if tls is not None else (None, None)
+        servicer = ExecutorServicer(supervisor, *identities)
     service = Service(executor_pb2_grpc.add_ExecutorServiceServicer_to_server, servicer, service_name(executor_pb2, "ExecutorService"))
     running = await start_server(config.server, [service])
     host = config.advertise_host or (config.server.host if config.server.host not in ("0.0.0.0", "[::]") else socket.gethostname())
@@ -48,7 +53,9 @@ async def start(config: cfg.ExecutorConfig, servicer=None) -> tuple[RunningServe
         await channel.close()
         raise
     if supervisor is not None and config.planner:
-        planner_channel = open_channel(config.planner, token=config.server.auth_token)
+        # with mutual TLS the planner's certificate must name planner_identity
+        planner_channel = open_channel(config.planner, token=config.server.auth_token, tls=tls,
+                                       server_name=config.planner_identity)
         subscription = DirectiveSubscription(planner_channel, supervisor)
         subscription.start()
         running.on_stop.append(subscription.stop)
@@ -77,6 +84,10 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
     parser.add_argument("--advertise-host", default="", help="host other nodes reach this executor at")
     parser.add_argument("--work-dir", default=None, help="directory for worker files and checkpoints")
     parser.add_argument("--max-restarts", type=int, default=2, help="restarts of a job after worker failures before it fails")
+    parser.add_argument("--planner-identity", default=cfg.PLANNER_IDENTITY,
+                        help="with --tls-ca: certificate name (CN/SAN) of the planner, the only sender of directives")
+    parser.add_argument("--profiler-identity", default=cfg.PROFILER_IDENTITY,
+                        help="with --tls-ca: certificate name of the profiler, which may run profiling trials")
     args = parser.parse_args(argv)
     return cfg.ExecutorConfig(
         node_id=args.node_id,
@@ -88,6 +99,8 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
         advertise_host=args.advertise_host,
         work_dir=Path(args.work_dir) if args.work_dir else None,
         max_restarts=args.max_restarts,
+        planner_identity=args.planner_identity,
+        profiler_identity=args.profiler_identity,
     )
 
 

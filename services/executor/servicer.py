@@ -3,7 +3,10 @@
 Requests are converted (`convert`), handed to the `Supervisor`, answers
 converted back. `DirectiveError` -> INVALID_ARGUMENT naming the field,
 `ConflictError` -> FAILED_PRECONDITION, registry outages -> UNAVAILABLE; a
-refused directive changes nothing. `RegistryClaims` is GPU ownership through
+refused directive changes nothing. With mutual TLS, directives come only
+from the planner's certificate identity, and profiling trials (a START with
+profile options, a STOP of a trial) also from the profiler's; any other
+caller gets PERMISSION_DENIED naming the identity it presented. `RegistryClaims` is GPU ownership through
 the registry; `DirectiveSubscription` applies the directives a planner
 streams for this node (PlannerService.WatchDirectives), reconnecting with
 backoff.
@@ -20,6 +23,7 @@ import grpc
 from omru.v1 import common_pb2, executor_pb2, executor_pb2_grpc, planner_pb2, planner_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services.common.errors import abort, abort_invalid
 from services.common.logging import get_logger
+from services.common.server import peer_identities
 from services.executor import convert
 from services.executor.supervisor import ConflictError, DirectiveError, EventKind, Gpu, Supervisor
 
@@ -60,12 +64,37 @@ def devices_of(gpus: Sequence[common_pb2.GpuInfo]) -> dict[int, str]:
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
-    """omru.v1.ExecutorService of one node."""
+    """omru.v1.ExecutorService of one node.
 
-    def __init__(self, supervisor: Supervisor) -> None:
+    planner_identity (set with mutual TLS): the certificate name directives
+    must come from; profiler_identity: the one profiling trials may come from."""
+
+    def __init__(self, supervisor: Supervisor, planner_identity: str | None = None,
+                 profiler_identity: str | None = None) -> None:
         self.supervisor = supervisor
+        self.planner_identity, self.profiler_identity = planner_identity, profiler_identity
+
+    def _is_trial(self, d: executor_pb2.Directive, rpc_kind: int) -> bool:
+        if rpc_kind == executor_pb2.DIRECTIVE_KIND_START:
+            return d.HasField("profile")
+        return rpc_kind == executor_pb2.DIRECTIVE_KIND_STOP and not any(
+            v.job_id == d.job.job_id and not v.profile for v in self.supervisor.jobs())
+
+    async def _check_sender(self, request, context, rpc_kind: int) -> None:
+        if self.planner_identity is None:
+            return
+        names = peer_identities(context)
+        if self.planner_identity in names:
+            return
+        if self.profiler_identity and self.profiler_identity in names and self._is_trial(request.directive, rpc_kind):
+            return
+        trials = f" (profiling trials also from {self.profiler_identity!r})" if self.profiler_identity else ""
+        await abort(context, grpc.StatusCode.PERMISSION_DENIED,
+                    f"directive {request.directive.directive_id!r} refused: sent by {names[0] if names else 'no certificate'!r}; "
+                    f"directives come only from {self.planner_identity!r}{trials}")
 
     async def _apply(self, request, context, rpc_kind: int) -> bool:
+        await self._check_sender(request, context, rpc_kind)  # before anything of the request is looked at
         if not request.HasField("directive"):
             await abort_invalid(context, "directive", "is required")
         try:

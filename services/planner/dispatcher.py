@@ -199,7 +199,8 @@ class Dispatcher:
 
     def __init__(self, state: PlannerState, registry: str, profiler: str, policy: str = "", token: str | None = None,
                  checkpoint_root: str = "", start_overhead_s: float = 4.0, seed: int = 0,
-                 policy_options: Mapping[str, object] | None = None, learn_profiles: bool = True) -> None:
+                 policy_options: Mapping[str, object] | None = None, learn_profiles: bool = True,
+                 tls=None) -> None:
         import tempfile
 
         self.state = state
@@ -207,6 +208,7 @@ class Dispatcher:
         self.profiler_address = profiler
         self.default_policy = policy or default_policy()
         self.token = token
+        self.tls = tls  # TlsConfig of the channels to the registry, profiler and executors (None: plaintext)
         self.checkpoint_root = checkpoint_root or f"{tempfile.gettempdir()}/omru-checkpoints"
         self.prior_overhead_s = start_overhead_s
         self.overheads: list[float] = []
@@ -254,7 +256,7 @@ class Dispatcher:
         from services.common.channels import open_channel
 
         if address not in self._channels:
-            self._channels[address] = open_channel(address, token=self.token)
+            self._channels[address] = open_channel(address, token=self.token, tls=self.tls)
         return self._channels[address]
 
     def _registry(self):

@@ -23,9 +23,10 @@ async def start(config: cfg.PlannerConfig, servicer=None) -> RunningServer:
         from services.planner.dispatcher import Dispatcher
         from services.planner.state import PlannerState
 
-        etcd = EtcdStore(config.etcd.endpoint, config.etcd.prefix, config.etcd.timeout_seconds)
+        etcd = EtcdStore.from_config(config.etcd)
         await etcd.connect()
-        dispatcher = Dispatcher(PlannerState(etcd), config.registry, config.profiler, policy=config.policy, token=config.server.auth_token)
+        dispatcher = Dispatcher(PlannerState(etcd), config.registry, config.profiler, policy=config.policy,
+                                token=config.server.auth_token, tls=config.server.client_tls)
         servicer = PlannerServicer(dispatcher)
         hooks = [dispatcher.stop, etcd.close]
     service = Service(planner_pb2_grpc.add_PlannerServiceServicer_to_server, servicer, service_name(planner_pb2, "PlannerService"))

@@ -17,9 +17,9 @@ async def start(config: cfg.ProfilerConfig, servicer=None) -> RunningServer:
     """Start the profiler on config.server (port 0 = any)."""
     hooks = []
     if servicer is None:
-        etcd = EtcdStore(config.etcd.endpoint, config.etcd.prefix, config.etcd.timeout_seconds)
+        etcd = EtcdStore.from_config(config.etcd)
         await etcd.connect()
-        trials = ExecutorTrials(config.registry, token=config.server.auth_token)
+        trials = ExecutorTrials(config.registry, token=config.server.auth_token, tls=config.server.client_tls)
         servicer = ProfilerServicer(ProfileStore(etcd), trials)
         hooks = [trials.close, etcd.close]
     service = Service(profiler_pb2_grpc.add_ProfilerServiceServicer_to_server, servicer, service_name(profiler_pb2, "ProfilerService"))

@@ -106,16 +106,17 @@ class ExecutorTrials:
     """Runs profiling trials on the executors the registry knows."""
 
     def __init__(self, registry: str, token: str | None = None, warmup_iters: int = 3, measure_iters: int = 10,
-                 trial_timeout_s: float = 600.0, poll_s: float = 0.5) -> None:
+                 trial_timeout_s: float = 600.0, poll_s: float = 0.5, tls=None) -> None:
         self.registry_address = registry
         self.token = token
+        self.tls = tls  # TlsConfig of the channels to the registry and executors (None: plaintext)
         self.warmup_iters, self.measure_iters = warmup_iters, measure_iters
         self.trial_timeout_s, self.poll_s = trial_timeout_s, poll_s
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         if address not in self._channels:
-            self._channels[address] = open_channel(address, token=self.token)
+            self._channels[address] = open_channel(address, token=self.token, tls=self.tls)
         return self._channels[address]
 
     async def close(self) -> None:

@@ -14,7 +14,7 @@ from services.registry.store import RegistryStore
 
 async def start(config: cfg.RegistryConfig) -> RunningServer:
     """Start the registry on config.server (port 0 = any); returns the running server."""
-    etcd = EtcdStore(config.etcd.endpoint, config.etcd.prefix, config.etcd.timeout_seconds)
+    etcd = EtcdStore.from_config(config.etcd)
     await etcd.connect()
     servicer = RegistryServicer(RegistryStore(etcd), config.max_ttl_seconds)
     service = Service(registry_pb2_grpc.add_RegistryServiceServicer_to_server, servicer, service_name(registry_pb2, "RegistryService"))

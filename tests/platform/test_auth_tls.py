@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 
 import grpc
@@ -29,6 +30,10 @@ async def test_with_auth_on_calls_without_the_right_token_are_unauthenticated(et
     assert not (await stub.ListNodes(registry_pb2.ListNodesRequest())).nodes  # nothing was stored by the refused calls
     await stub.RegisterNode(register_request("node-a"))
     assert [n.node_id for n in (await stub.ListNodes(registry_pb2.ListNodesRequest())).nodes] == ["node-a"]
+    watch = stub.WatchCluster(registry_pb2.WatchClusterRequest(after_revision=1))  # streams carry the token too
+    first = await asyncio.wait_for(watch.read(), 10)
+    assert "node-a" in str(first)
+    watch.cancel()
     health = await health_pb2_grpc.HealthStub(anonymous).Check(health_pb2.HealthCheckRequest(service="omru.v1.RegistryService"))
     assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes need no token
     for channel in (anonymous, wrong, right):
@@ -46,7 +51,7 @@ async def test_tls_server_serves_clients_that_trust_its_certificate(etcd, tmp_pa
     from services.common.config import TlsConfig
 
     server = await start_registry(etcd.endpoint, tls=TlsConfig(cert, key))
-    channel = open_channel(server.address, root_cert_file=cert)
+    channel = open_channel(server.address, tls=TlsConfig(ca_file=cert))
     stub = registry_pb2_grpc.RegistryServiceStub(channel)
     assert (await stub.RegisterNode(register_request("node-tls"))).node.node_id == "node-tls"
     plain = open_channel(server.address)

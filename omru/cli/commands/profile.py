@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from omru.cli import plannerargs
+
 PROFILER_ENV = "OMRU_PROFILER"
 
 
@@ -35,6 +37,7 @@ def register(subparsers) -> None:
     p.add_argument("--csv", metavar="FILE", help="write job,epochs,gpus,epoch_seconds rows to FILE")
     p.add_argument("--profiler", default=None, help=f"profiler address host:port (default ${PROFILER_ENV}; `omru up` prints it)")
     p.add_argument("--token", default=None, help="bearer token (default: $OMRU_AUTH_TOKEN)")
+    plannerargs.add_tls(p)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the whole profile (default 1800)")
     p.set_defaults(func=handle)
 
@@ -80,6 +83,7 @@ def handle(args) -> int:
     if args.epochs < 1:
         raise CliError(f"--epochs {args.epochs} is below 1")
     address = _address(args)
+    tls = plannerargs.tls(args)
 
     async def run():
         import grpc
@@ -94,7 +98,7 @@ def handle(args) -> int:
         request = profiler_pb2.ProfileRequest(job=job, gpu_counts=counts, max_gpus=args.max_gpus, full_epoch=args.full_epoch,
                                               refresh=args.refresh)
         names = profiler_pb2.ProfileState.Name
-        async with open_channel(address, token=args.token or os.environ.get("OMRU_AUTH_TOKEN")) as channel:
+        async with open_channel(address, token=args.token or os.environ.get("OMRU_AUTH_TOKEN"), tls=tls) as channel:
             stub = profiler_pb2_grpc.ProfilerServiceStub(channel)
             final = None
             try:

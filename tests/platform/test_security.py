@@ -1,0 +1,303 @@
+"""Security with certificates from deploy/make-certs.sh: mutual TLS between
+services, directives accepted only from the planner's identity, etcd over
+TLS, and no pickle on any wire. (Bearer tokens and a TLS server refusing a
+plaintext client: test_auth_tls.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import start_registry
+
+from omru.v1 import executor_pb2, executor_pb2_grpc, planner_pb2, planner_pb2_grpc, registry_pb2, registry_pb2_grpc
+from platform_helpers import register_request, rpc_error
+from services.common import config as cfg
+from services.common.channels import open_channel
+from services.common.cluster import free_port
+from services.common.etcd import EtcdStore, EtcdUnavailable
+from services.common.server import Service, service_name, start_server
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "mtls-token"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Path:
+    """A CA and omru-<service> certificates for 127.0.0.1, plus one signed by another CA."""
+    out = tmp_path_factory.mktemp("certs")
+    subprocess.run(["bash", str(ROOT / "deploy" / "make-certs.sh"), str(out / "ours"), "127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(["bash", str(ROOT / "deploy" / "make-certs.sh"), str(out / "other"), "127.0.0.1"], check=True, capture_output=True)
+    return out
+
+
+def tls(certs: Path, service: str, ca: str = "ours") -> cfg.TlsConfig:
+    """The certificate of omru-<service> (from the `ca` set) with our CA."""
+    return cfg.TlsConfig(certs / ca / f"{service}.pem", certs / ca / f"{service}-key.pem", certs / "ours" / "ca.pem")
+
+
+def mtls_server(certs: Path, service: str) -> cfg.ServerConfig:
+    return cfg.ServerConfig(tls=tls(certs, service), auth_token=TOKEN)
+
+
+async def test_with_mutual_tls_only_clients_with_a_certificate_of_the_ca_and_the_token_get_in(etcd, certs):
+    server = await start_registry(etcd.endpoint, tls=tls(certs, "registry"), auth_token=TOKEN)
+    ca_only = cfg.TlsConfig(ca_file=certs / "ours" / "ca.pem")
+    refused = {
+        "no certificate": open_channel(server.address, token=TOKEN, tls=ca_only),
+        "another CA's certificate": open_channel(server.address, token=TOKEN, tls=tls(certs, "client", ca="other")),
+        "plaintext": open_channel(server.address, token=TOKEN),
+    }
+    for what, channel in refused.items():
+        error = await rpc_error(registry_pb2_grpc.RegistryServiceStub(channel).RegisterNode(register_request("n-bad"), timeout=3))
+        assert error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), what
+    no_token = open_channel(server.address, tls=tls(certs, "client"))
+    error = await rpc_error(registry_pb2_grpc.RegistryServiceStub(no_token).ListNodes(registry_pb2.ListNodesRequest()))
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED  # a certificate does not replace the token
+    good = open_channel(server.address, token=TOKEN, tls=tls(certs, "client"))
+    stub = registry_pb2_grpc.RegistryServiceStub(good)
+    await stub.RegisterNode(register_request("n-good"))
+    assert [n.node_id for n in (await stub.ListNodes(registry_pb2.ListNodesRequest())).nodes] == ["n-good"]
+    for channel in (*refused.values(), no_token, good):
+        await channel.close()
+    await server.stop(0)
+
+
+@pytest.fixture
+async def mtls_registry(etcd, certs):
+    server = await start_registry(etcd.endpoint, tls=tls(certs, "registry"), auth_token=TOKEN)
+    yield server
+    await server.stop(0)
+
+
+async def start_executor(certs: Path, registry: str, node_id: str, work_dir: Path, planner: str = ""):
+    from services.executor import server
+
+    config = cfg.ExecutorConfig(node_id=node_id, server=mtls_server(certs, "executor"), registry=registry,
+                                planner=planner, slots=2, ttl_seconds=10, work_dir=work_dir)
+    running, _membership = await server.start(config)
+    return running
+
+
+def start_directive(directive_id: str, job_id: str, node_id: str, index: int = 0, profile: bool = False) -> executor_pb2.Directive:
+    from tests.executor.service_builders import START, directive, gpu, tiny_job
+
+    d = directive(directive_id, START, tiny_job(job_id, epochs=1), [gpu(node_id, index)])
+    if profile:
+        d.profile.CopyFrom(executor_pb2.ProfileOptions(warmup_iters=1, measure_iters=1))
+    return d
+
+
+async def test_executor_takes_directives_only_from_the_planner_certificate(mtls_registry, certs, tmp_path):
+    from tests.executor.service_builders import STOP, directive, tiny_job
+
+    executor = await start_executor(certs, mtls_registry.address, "n1", tmp_path / "n1")
+    channels = {who: open_channel(executor.address, token=TOKEN, tls=tls(certs, who))
+                for who in ("client", "registry", "profiler", "planner")}
+    stubs = {who: executor_pb2_grpc.ExecutorServiceStub(c) for who, c in channels.items()}
+    try:
+        for who in ("client", "registry", "profiler"):  # same CA, valid token, not the planner
+            error = await rpc_error(stubs[who].StartJob(executor_pb2.StartJobRequest(directive=start_directive(f"d-{who}", "job-1", "n1"))))
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED, who
+            assert f"'omru-{who}'" in error.details() and "'omru-planner'" in error.details()
+        assert not (await stubs["client"].GetJobs(executor_pb2.GetJobsRequest())).jobs  # nothing was started
+        assert await _registry_claims(mtls_registry.address, certs, "job-1") == []
+
+        await stubs["planner"].StartJob(executor_pb2.StartJobRequest(directive=start_directive("d-planner", "job-1", "n1")), timeout=30)
+        assert [j.job_id for j in (await stubs["client"].GetJobs(executor_pb2.GetJobsRequest())).jobs] == ["job-1"]
+        stop = directive("d-stop", STOP, tiny_job("job-1"))
+        error = await rpc_error(stubs["profiler"].StopJob(executor_pb2.StopJobRequest(directive=stop)))
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED  # the profiler may stop its trials only
+        await stubs["planner"].StopJob(executor_pb2.StopJobRequest(directive=stop), timeout=30)
+
+        # the profiler's trials are its own business: a START with profile options is accepted
+        await stubs["profiler"].StartJob(executor_pb2.StartJobRequest(directive=start_directive("t-1", "trial-1", "n1", index=1, profile=True)),
+                                       timeout=30)
+        trial_stop = directive("t-1.stop", STOP, tiny_job("trial-1"))
+        await stubs["profiler"].StopJob(executor_pb2.StopJobRequest(directive=trial_stop), timeout=30)
+    finally:
+        for c in channels.values():
+            await c.close()
+        await executor.stop(0)
+
+
+async def _registry_claims(address: str, certs: Path, job_id: str) -> list:
+    async with open_channel(address, token=TOKEN, tls=tls(certs, "client")) as channel:
+        reply = await registry_pb2_grpc.RegistryServiceStub(channel).ListClaims(registry_pb2.ListClaimsRequest(job_id=job_id))
+    return list(reply.claims)
+
+
+class StandInPlanner(planner_pb2_grpc.PlannerServiceServicer):
+    """Serves WatchDirectives only: records who subscribed, sends nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.subscribed = asyncio.Event()
+
+    async def WatchDirectives(self, request, context):
+        self.calls.append(request.node_id)
+        self.subscribed.set()
+        await asyncio.Event().wait()
+        yield planner_pb2.WatchDirectivesResponse()
+
+
+async def _stand_in(certs: Path, service: str):
+    planner = StandInPlanner()
+    running = await start_server(mtls_server(certs, service), [Service(
+        planner_pb2_grpc.add_PlannerServiceServicer_to_server, planner, service_name(planner_pb2, "PlannerService"))])
+    return planner, running
+
+
+async def test_executor_subscribes_only_to_a_planner_whose_certificate_names_the_planner(mtls_registry, certs, tmp_path):
+    genuine, genuine_server = await _stand_in(certs, "planner")
+    impostor, impostor_server = await _stand_in(certs, "registry")  # signed by the same CA, valid for 127.0.0.1
+    executors = []
+    try:
+        executors.append(await start_executor(certs, mtls_registry.address, "n-imp", tmp_path / "a", impostor_server.address))
+        executors.append(await start_executor(certs, mtls_registry.address, "n-gen", tmp_path / "b", genuine_server.address))
+        await asyncio.wait_for(genuine.subscribed.wait(), 20)
+        assert genuine.calls[:1] == ["n-gen"]
+        # the same channel the executor opens: the handshake fails on the impostor's certificate
+        channel = open_channel(impostor_server.address, token=TOKEN, tls=tls(certs, "executor"), server_name=cfg.PLANNER_IDENTITY)
+        call = planner_pb2_grpc.PlannerServiceStub(channel).WatchDirectives(planner_pb2.WatchDirectivesRequest(node_id="x"), timeout=3)
+        error = await rpc_error(call.read())
+        assert error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        await channel.close()
+        await asyncio.sleep(1.0)  # n-imp has been retrying for as long as n-gen took to subscribe, and more
+        assert impostor.calls == []
+    finally:
+        for e in executors:
+            await e.stop(0)
+        await genuine_server.stop(0)
+        await impostor_server.stop(0)
+
+
+@pytest.fixture
+def tls_etcd(certs, tmp_path):
+    """A real etcd serving clients over https only, requiring client certificates of our CA."""
+    port, peer = free_port(), free_port()
+    ours = certs / "ours"
+    url = f"https://127.0.0.1:{port}"
+    log = open(tmp_path / "etcd-tls.log", "wb")
+    proc = subprocess.Popen(
+        ["etcd", "--name", "tls", "--data-dir", str(tmp_path / "etcd-tls"), "--listen-client-urls", url,
+         "--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}", "--initial-cluster", f"tls=http://127.0.0.1:{peer}",
+         "--cert-file", str(ours / "etcd.pem"), "--key-file", str(ours / "etcd-key.pem"),
+         "--trusted-ca-file", str(ours / "ca.pem"), "--client-cert-auth", "--log-level", "warn", "--logger", "zap"],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    yield f"127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(10)
+    log.close()
+
+
+async def _until_up(store: EtcdStore, timeout: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            await store.put("probe", b"1")
+            return
+        except EtcdUnavailable:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def test_etcd_over_tls_serves_the_store_and_the_registry_and_refuses_plaintext(tls_etcd, certs):
+    etcd_tls = tls(certs, "registry")
+    async with EtcdStore(tls_etcd, tls=etcd_tls) as store:
+        await _until_up(store)
+        await store.put("a", b"x")
+        assert (await store.get("a")).value == b"x"
+        assert (await store.create({"b": b"y"})).succeeded
+        lease = await store.grant_lease(5)
+        assert await store.refresh_lease(lease) > 0
+    for client_tls in (None, cfg.TlsConfig(ca_file=certs / "ours" / "ca.pem")):  # plaintext; TLS without a certificate
+        async with EtcdStore(tls_etcd, timeout=1.0, tls=client_tls) as store:
+            with pytest.raises(EtcdUnavailable):
+                await store.get("a")
+
+    from services.registry.server import start
+
+    registry = await start(cfg.RegistryConfig(etcd=cfg.EtcdConfig(endpoint=tls_etcd, tls=etcd_tls)))
+    try:
+        async with open_channel(registry.address) as channel:
+            stub = registry_pb2_grpc.RegistryServiceStub(channel)
+            await stub.RegisterNode(register_request("n-etcd-tls"))
+            assert [n.node_id for n in (await stub.ListNodes(registry_pb2.ListNodesRequest())).nodes] == ["n-etcd-tls"]
+    finally:
+        await registry.stop(0)
+
+
+def test_tls_options_name_the_bad_file_and_exit_2(tmp_path):
+    missing = str(tmp_path / "nope.pem")
+    cases = [
+        (["services.registry.server", "--etcd-ca", missing], f"--etcd-ca {missing!r}"),
+        (["services.registry.server", "--tls-cert", missing, "--tls-key", missing], f"--tls-cert {missing!r}"),
+        (["services.registry.server", "--tls-ca", str(ROOT / "README.md")], "--tls-cert, --tls-key"),
+        (["services.executor.server", "--registry", "127.0.0.1:1", "--planner-identity", "not an id"], "'not an id'"),
+        (["omru.cli.main", "status", "--tls-ca", missing], f"--tls-ca {missing!r}"),
+    ]
+    for argv, named in cases:
+        done = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", *argv], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert done.returncode == 2, argv
+        assert named in done.stderr, (argv, done.stderr)
+
+
+def test_nothing_unpickles_data_from_the_network_or_from_checkpoints():
+    """No pickle-based codec anywhere in the product; every torch.load is weights_only=True."""
+    banned = re.compile(r"^\s*(import|from)\s+(pickle|cPickle|dill|cloudpickle|marshal|shelve)\b|"
+                        r"\b(broadcast|all_gather|gather|scatter)_object(_list)?\(|\bpickle\.loads?\(", re.M)
+    offenders, loads = [], []
+    for path in [*(ROOT / "services").rglob("*.py"), *(ROOT / "omru").rglob("*.py")]:
+        if "/v1/" in str(path):  # generated stubs
+            continue
+        text = path.read_text()
+        offenders += [f"{path.relative_to(ROOT)}: {m.group(0).strip()}" for m in banned.finditer(text)]
+        loads += [(path, m.group(0)) for m in re.finditer(r"torch\.load\([^)]*\)", text)]
+    assert offenders == []
+    assert loads and all("weights_only=True" in call for _, call in loads)
+
+
+async def test_service_processes_with_the_deploy_flags_run_mutual_tls_end_to_end(tls_etcd, certs, start_service, tmp_path):
+    """The compose files' flags, on real processes: etcd over TLS, mutual TLS between every service, the CLI
+    with the client certificate (and refused without it)."""
+    ours = certs / "ours"
+    async with EtcdStore(tls_etcd, tls=tls(certs, "client")) as store:
+        await _until_up(store)
+
+    def flags(service: str) -> list[str]:
+        cert, key = str(ours / f"{service}.pem"), str(ours / f"{service}-key.pem")
+        return ["--port", "0", "--tls-cert", cert, "--tls-key", key, "--tls-ca", str(ours / "ca.pem"),
+                "--auth-token-file", str(ours / "token"),
+                *(["--etcd", tls_etcd, "--etcd-ca", str(ours / "ca.pem"), "--etcd-cert", cert, "--etcd-key", key]
+                  if service != "executor" else [])]
+
+    registry = await start_service("registry", *flags("registry"))
+    profiler = await start_service("profiler", *flags("profiler"), "--registry", registry.address)
+    planner = await start_service("planner", *flags("planner"), "--registry", registry.address, "--profiler", profiler.address)
+    await start_service("executor", *flags("executor"), "--node-id", "n-proc", "--registry", registry.address,
+                        "--planner", planner.address, "--slots", "2", "--work-dir", str(tmp_path / "work"))
+    from omru.client import Client
+
+    async with Client(planner.address, token=(ours / "token").read_text().strip(), tls=tls(certs, "client")) as client:
+        for _ in range(100):  # the planner learns the node through its mutual-TLS watch of the registry
+            if (await client.report()).gpus == 2:
+                break
+            await asyncio.sleep(0.2)
+        assert (await client.report()).gpus == 2
+
+    def omru_status(*extra: str) -> subprocess.CompletedProcess:
+        env = {"OMRU_AUTH_TOKEN": (ours / "token").read_text().strip(), "PATH": "/usr/bin:/bin"}
+        return subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "omru.cli.main", "status", "--planner",
+                               planner.address, "--tls-ca", str(ours / "ca.pem"), *extra],
+                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+
+    assert omru_status("--tls-cert", str(ours / "client.pem"), "--tls-key", str(ours / "client-key.pem")).returncode == 0
+    refused = omru_status()  # no client certificate: refused in the handshake
+    assert refused.returncode != 0 and "UNAVAILABLE" in refused.stderr, refused.stderr
