@@ -92,35 +92,45 @@ def _tail(path: Path | None, lines: int = 15) -> str:
 
 
 class EtcdProcess:
-    """One etcd member on loopback, with its own data directory."""
+    """One etcd member with its own data directory: on free loopback ports by default.
 
-    def __init__(self, data_dir: Path, binary: str = "etcd", log_file: Path | None = None, die_with_parent: bool = False) -> None:
+    host, client_port and peer_port fix where it listens; prefix is put in
+    front of its command (``ip netns exec NS`` runs it in a network
+    namespace); health_endpoint is where this process reaches its client port
+    when that is not the endpoint itself (a forwarder into the namespace)."""
+
+    def __init__(self, data_dir: Path, binary: str = "etcd", log_file: Path | None = None, die_with_parent: bool = False,
+                 host: str = "127.0.0.1", client_port: int = 0, peer_port: int = 0, prefix: Sequence[str] = (),
+                 health_endpoint: str = "") -> None:
         self.data_dir = Path(data_dir)
         self.die_with_parent = die_with_parent
         self.binary = binary
         self.log_file = log_file
-        self.client_port = 0
-        self.peer_port = 0
+        self.host = host
+        self.client_port = client_port
+        self.peer_port = peer_port
+        self.prefix = list(prefix)
+        self.health_endpoint = health_endpoint
         self.proc: subprocess.Popen | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     def start(self, timeout: float = 10.0) -> "EtcdProcess":
-        """Start on free ports (the same ports again after a stop)."""
+        """Start on its ports (free ones chosen at the first start unless given; the same after a stop)."""
         if shutil.which(self.binary) is None:
             raise LaunchError(f"etcd binary {self.binary!r} not found (Debian: apt-get install etcd-server)")
         fresh = not self.client_port
         for attempt in range(3):
             if fresh:
                 self.client_port, self.peer_port = free_port(), free_port()
-            client, peer = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
+            client, peer = f"http://{self.host}:{self.client_port}", f"http://{self.host}:{self.peer_port}"
             out: IO | int = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
             try:
                 self.proc = subprocess.Popen(
                     [
-                        *(_pdeathsig_prefix() if self.die_with_parent else []),
+                        *self.prefix, *(_pdeathsig_prefix() if self.die_with_parent else []),
                         self.binary, "--name", "omru", "--data-dir", str(self.data_dir),
                         "--listen-client-urls", client, "--advertise-client-urls", client,
                         "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -145,7 +155,7 @@ class EtcdProcess:
             if self.proc.poll() is not None:
                 return False
             with contextlib.suppress(OSError, ValueError):
-                with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as reply:
+                with urllib.request.urlopen(f"http://{self.health_endpoint or self.endpoint}/health", timeout=1) as reply:
                     if json.loads(reply.read()).get("health") == "true":
                         return True
             time.sleep(0.03)
@@ -275,6 +285,7 @@ class LocalCluster:
         auth_token: str | None = None,
         ready_timeout: float = 30.0,
         die_with_parent: bool = False,
+        warm_workers: bool = True,
     ) -> None:
         if nodes < 0:
             raise ValueError(f"nodes {nodes} is negative")
@@ -291,6 +302,7 @@ class LocalCluster:
         self.auth_token = auth_token
         self.ready_timeout = ready_timeout
         self.log_to_files = log_to_files
+        self.warm_workers = warm_workers  # executors keep a worker with torch imported per slot
         self.die_with_parent = die_with_parent  # only from a launcher's main thread (the kernel ties it to the thread)
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="omru-up-"))
@@ -326,7 +338,7 @@ class LocalCluster:
                 self._service(
                     f"executor-{i}", "executor", "--port", "0", "--node-id", f"node-{i}", "--registry", registry.address,
                     "--planner", planner_address, "--slots", str(self.slots), "--ttl", str(self.ttl),
-                    "--work-dir", str(self.work_dir / f"node-{i}"),
+                    "--work-dir", str(self.work_dir / f"node-{i}"), *([] if self.warm_workers else ["--no-warm-workers"]),
                 )
                 for i in range(self.nodes)
             ]

@@ -176,6 +176,7 @@ class ExecutorConfig:
     advertise_host: str = ""
     work_dir: Path | None = None
     max_restarts: int = 2
+    warm_workers: bool = True  # a worker with torch imported waits on each device (no import at job start)
     planner_identity: str = PLANNER_IDENTITY  # with mutual TLS: who may send directives
     profiler_identity: str = PROFILER_IDENTITY  # with mutual TLS: who may run profiling trials
 

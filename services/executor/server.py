@@ -39,7 +39,8 @@ async def start(config: cfg.ExecutorConfig, servicer=None) -> tuple[RunningServe
     supervisor = None
     if servicer is None:
         supervisor = Supervisor(config.node_id, devices_of(node_gpus), RegistryClaims(channel),
-                                work_dir=config.work_dir, max_restarts=config.max_restarts)
+                                work_dir=config.work_dir, max_restarts=config.max_restarts,
+                                warm_workers=config.warm_workers)
         identities = (config.planner_identity, config.profiler_identity) if tls is not None else (None, None)
         servicer = ExecutorServicer(supervisor, *identities)
     service = Service(executor_pb2_grpc.add_ExecutorServiceServicer_to_server, servicer, service_name(executor_pb2, "ExecutorService"))
@@ -61,6 +62,7 @@ async def start(config: cfg.ExecutorConfig, servicer=None) -> tuple[RunningServe
         running.on_stop.append(subscription.stop)
         running.on_stop.append(planner_channel.close)
     if supervisor is not None:
+        await supervisor.warm_up()
         running.on_stop.append(supervisor.close)
     running.on_stop.append(membership.stop)
     running.on_stop.append(channel.close)
@@ -84,6 +86,8 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
     parser.add_argument("--advertise-host", default="", help="host other nodes reach this executor at")
     parser.add_argument("--work-dir", default=None, help="directory for worker files and checkpoints")
     parser.add_argument("--max-restarts", type=int, default=2, help="restarts of a job after worker failures before it fails")
+    parser.add_argument("--no-warm-workers", action="store_true",
+                        help="start every worker cold (default: one waits per device with torch imported)")
     parser.add_argument("--planner-identity", default=cfg.PLANNER_IDENTITY,
                         help="with --tls-ca: certificate name (CN/SAN) of the planner, the only sender of directives")
     parser.add_argument("--profiler-identity", default=cfg.PROFILER_IDENTITY,
@@ -99,6 +103,7 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
         advertise_host=args.advertise_host,
         work_dir=Path(args.work_dir) if args.work_dir else None,
         max_restarts=args.max_restarts,
+        warm_workers=not args.no_warm_workers,
         planner_identity=args.planner_identity,
         profiler_identity=args.profiler_identity,
     )

@@ -52,7 +52,8 @@ from typing import AsyncIterator, Protocol, Sequence
 
 from services.common.logging import get_logger
 from services.executor.state import JobState, check_move
-from services.executor.worker.launch import LaunchResult, WorkerGroup, free_port
+from services.executor.worker.launch import LaunchResult, WorkerGroup, free_port, worker_env
+from services.executor.worker.warm import WarmPool
 from services.executor.worker.spec import AttemptSpec, ProfileSpec, TrainSpec
 
 log = get_logger(__name__)
@@ -86,7 +87,8 @@ class Directive:
     """What to do with one job (see executor.proto Directive).
 
     rendezvous "" = this executor picks a free local port at every launch
-    (only for jobs whose ranks all live here); attempt_id "" = a fresh one;
+    (only for jobs whose ranks all live here); "host:0" = rank 0 binds a port
+    of its choice and publishes it in checkpoint_dir (AttemptSpec); attempt_id "" = a fresh one;
     checkpoint_dir "" = the executor's own folder for the job. spec is None
     for STOP.
     """
@@ -299,8 +301,9 @@ class Supervisor:
 
     def __init__(self, node_id: str, devices: dict[int, str], claims: GpuClaims, work_dir: str | os.PathLike | None = None,
                  max_restarts: int = 2, grace_s: float = 5.0, python: str = sys.executable,
-                 rendezvous_timeout_s: float = 300.0, host: str = "127.0.0.1") -> None:
-        """devices: GPU index on this node -> worker device ("cpu" for a CPU slot, else the GPU index)."""
+                 rendezvous_timeout_s: float = 300.0, host: str = "127.0.0.1", warm_workers: bool = False) -> None:
+        """devices: GPU index on this node -> worker device ("cpu" for a CPU slot, else the GPU index).
+        warm_workers: keep a worker with torch imported waiting per device (warm.py)."""
         if max_restarts < 0:
             raise ValueError(f"max_restarts {max_restarts!r} is negative")
         self.node_id = node_id
@@ -309,6 +312,7 @@ class Supervisor:
         self.max_restarts = max_restarts
         self.grace_s = grace_s
         self.python = python
+        self.pool = WarmPool(python) if warm_workers else None
         self.rendezvous_timeout_s = rendezvous_timeout_s
         self.host = host
         self._own_tmp = None
@@ -321,6 +325,12 @@ class Supervisor:
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lock = asyncio.Lock()
         self._closing = False
+
+    async def warm_up(self) -> None:
+        """Start a waiting worker for every device of this node (with warm_workers)."""
+        if self.pool is not None:
+            for device in sorted(set(self.devices.values())):
+                await self.pool.prepare(worker_env(dict(os.environ), device))
 
     # --- queries ---------------------------------------------------------------------
 
@@ -375,6 +385,9 @@ class Supervisor:
             if not d.checkpoint_dir and d.profile is None:
                 raise DirectiveError("directive.checkpoint_dir", "is required (a folder all nodes share) when the "
                                      "job spans nodes")
+            if d.profile is not None and d.rendezvous.endswith(":0"):
+                raise DirectiveError("directive.rendezvous_endpoint", f"{d.rendezvous!r}: port 0 needs a shared "
+                                     "checkpoint folder, which a profiling trial does not have; name the port")
         return mine
 
     def _check_free(self, job_id: str, gpus: Sequence[Gpu]) -> None:
@@ -389,19 +402,22 @@ class Supervisor:
     async def _check_checkpoint(self, spec: TrainSpec, checkpoint_dir: str) -> None:
         """DirectiveError when the newest checkpoint in the folder belongs to another model or configuration."""
 
-        def check() -> None:
+        def check() -> str:
+            # (imported here, in the thread: the first import loads torch, seconds the event loop,
+            # and with it the node's lease heartbeat, must not wait)
             from services.executor.worker import checkpoint
 
             newest = checkpoint.latest(checkpoint_dir)
-            if newest is not None:
-                checkpoint.load(newest, spec.model, spec.fingerprint())
+            try:
+                if newest is not None:
+                    checkpoint.load(newest, spec.model, spec.fingerprint())
+            except checkpoint.CheckpointError as exc:
+                return str(exc)
+            return ""
 
-        from services.executor.worker.checkpoint import CheckpointError
-
-        try:
-            await asyncio.to_thread(check)
-        except CheckpointError as exc:
-            raise DirectiveError("directive.checkpoint_dir", str(exc)) from None
+        problem = await asyncio.to_thread(check)
+        if problem:
+            raise DirectiveError("directive.checkpoint_dir", problem)
 
     def _checkpoint_dir(self, d: Directive, attempt_base: str) -> str:
         if d.profile is not None:  # a trial keeps no state: a private folder (holds only the stop file)
@@ -504,7 +520,7 @@ class Supervisor:
         stderr = open(logs / f"{attempt.attempt_id}.log", "a", buffering=1)
         group = WorkerGroup(job.spec, attempt, local_ranks(job.gpus, self.node_id),
                             on_record=lambda record: self._on_record(job, attempt, record), python=self.python,
-                            grace_s=self.grace_s, stderr_to=stderr)
+                            grace_s=self.grace_s, stderr_to=stderr, pool=self.pool)
         job.group = group
         try:
             await group.start()
@@ -661,6 +677,8 @@ class Supervisor:
             done, pending = await asyncio.wait(tasks, timeout=self.grace_s + 10)
             for t in pending:
                 t.cancel()
+        if self.pool is not None:
+            await self.pool.close()
         if self._own_tmp is not None:
             with contextlib.suppress(OSError):
                 self._own_tmp.cleanup()

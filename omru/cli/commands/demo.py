@@ -18,6 +18,8 @@ def register(subparsers) -> None:
     p.add_argument("--slots", type=int, default=2, help="CPU slots per node (default 2)")
     p.add_argument("--json", dest="json_file", default=None, metavar="FILE", help="write the report as JSON")
     p.add_argument("--gantt", default=None, metavar="FILE.png", help="draw GPUs over time, planned and actual")
+    p.add_argument("--no-warm-workers", action="store_true",
+                   help="start every worker cold (default: one waits per slot with torch imported)")
     p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)")
     p.set_defaults(func=handle)
 
@@ -45,7 +47,8 @@ def handle(args) -> int:
         raise CliError(str(exc).replace("\n", " ")) from None
     began = time.monotonic()
     try:
-        cluster = LocalCluster(nodes=args.nodes, slots_per_node=args.slots, planner_port=0).start()
+        cluster = LocalCluster(nodes=args.nodes, slots_per_node=args.slots, planner_port=0,
+                               warm_workers=not args.no_warm_workers).start()
     except LaunchError as exc:
         raise CliError(f"the local cluster did not start: {exc}") from None
     try:

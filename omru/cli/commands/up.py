@@ -20,6 +20,8 @@ def register(subparsers) -> None:
     parser.add_argument("--port", type=int, default=50051, help="planner port (default 50051; 0 = any free port)")
     parser.add_argument("--etcd", default=None, help="use this etcd (host:port) instead of starting one")
     parser.add_argument("--ttl", type=int, default=5, help="node lease TTL in seconds (default 5)")
+    parser.add_argument("--no-warm-workers", action="store_true",
+                        help="start every worker cold (default: one waits per slot with torch imported)")
     parser.add_argument("--work-dir", default=None, help="directory for logs, etcd data and checkpoints (default: a temp dir, removed at exit)")
     parser.set_defaults(func=handle)
 
@@ -69,6 +71,7 @@ def handle(args: argparse.Namespace) -> int:
         work_dir=Path(args.work_dir) if args.work_dir else None,
         auth_token=os.environ.get("OMRU_AUTH_TOKEN") or None,
         die_with_parent=True,
+        warm_workers=not args.no_warm_workers,
     )
     try:
         cluster.start()

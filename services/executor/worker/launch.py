@@ -1,7 +1,8 @@
 """Start the local worker processes of one attempt and supervise them.
 
 `WorkerGroup` starts one ``python -m services.executor.worker`` process per
-local rank (all ranks, or the subset ``ranks`` this node hosts when a job spans
+local rank (handed out by a `warm.WarmPool` when it has one: torch already
+imported) (all ranks, or the subset ``ranks`` this node hosts when a job spans
 nodes), with ``CUDA_VISIBLE_DEVICES`` set to the rank's GPU, or
 ``OMP_NUM_THREADS=1`` on a CPU slot. It parses each worker's JSON record stream
 (schema: `services.executor.worker.train`) and hands every record to
@@ -33,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from services.executor.worker.spec import AttemptSpec, ProfileSpec, TrainSpec, to_json
+from services.executor.worker.warm import WarmPool, hand_arguments, start_standby
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-_LINE_LIMIT = 16 * 1024 * 1024
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -43,6 +44,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def worker_env(base: dict[str, str], device: str) -> dict[str, str]:
+    """The environment of a worker on `device` ("cpu" = one thread, no GPU; else a GPU index)."""
+    env = dict(base)
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 def new_attempt(world_size: int, checkpoint_dir: str, devices: Sequence[str] = (), host: str = "127.0.0.1",
@@ -96,7 +109,7 @@ class WorkerGroup:
     def __init__(self, spec: TrainSpec, attempt: AttemptSpec, ranks: Sequence[int] | None = None,
                  on_record: Callable[[dict], object] | None = None, python: str = sys.executable,
                  env: dict[str, str] | None = None, stderr_lines: int = 40, grace_s: float = 5.0,
-                 stderr_to=None):
+                 stderr_to=None, pool: WarmPool | None = None):
         self.spec, self.attempt = spec, attempt
         self.ranks = list(range(attempt.world_size)) if ranks is None else list(ranks)
         bad = [r for r in self.ranks if not 0 <= r < attempt.world_size]
@@ -105,6 +118,7 @@ class WorkerGroup:
         self.on_record, self.python, self.grace_s = on_record, python, grace_s
         self.base_env = dict(os.environ if env is None else env)
         self.stderr_to = stderr_to
+        self.pool = pool  # warm workers to start from (else each rank starts cold)
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.records: list[dict] = []
         self.stderr_tail = {r: collections.deque(maxlen=stderr_lines) for r in self.ranks}
@@ -115,26 +129,18 @@ class WorkerGroup:
     def pids(self) -> dict[int, int]:
         return {r: p.pid for r, p in self.procs.items()}
 
-    def _env(self, rank: int) -> dict[str, str]:
-        env = dict(self.base_env)
-        device = self.attempt.devices[rank]
-        if device == "cpu":
-            env["OMP_NUM_THREADS"] = "1"
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        else:
-            env["CUDA_VISIBLE_DEVICES"] = device
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
-        return env
-
     async def start(self) -> None:
         if self.attempt.stop_file and os.path.exists(self.attempt.stop_file):
             os.unlink(self.attempt.stop_file)
         payload = to_json(self.spec, self.attempt)
         for rank in self.ranks:
-            self.procs[rank] = await asyncio.create_subprocess_exec(
-                self.python, "-m", "services.executor.worker", "--spec-json", payload, "--rank", str(rank),
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self._env(rank),
-                limit=_LINE_LIMIT)
+            args = ["--spec-json", payload, "--rank", str(rank)]
+            env = worker_env(self.base_env, self.attempt.devices[rank])
+            if self.pool is not None:
+                self.procs[rank] = await self.pool.spawn(args, env)
+            else:
+                self.procs[rank] = proc = await start_standby(self.python, env)
+                await hand_arguments(proc, args)
 
     async def _read_records(self, rank: int, stream: asyncio.StreamReader) -> None:
         async for raw in stream:

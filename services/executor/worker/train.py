@@ -1,11 +1,15 @@
 """The training worker: one process per GPU or CPU slot, one rank of a DDP job.
 
 Run as ``python -m services.executor.worker --spec-json JSON --rank R
-[--records PATH]``, where JSON is ``spec.to_json(TrainSpec, AttemptSpec)``.
-Launchers normally use `services.executor.worker.launch`.
+[--records PATH]``, where JSON is ``spec.to_json(TrainSpec, AttemptSpec)``,
+or as ``python -m services.executor.worker --standby``, which imports torch
+first and then reads those arguments from stdin as one JSON list (a warm
+worker: services/executor/worker/warm.py). Launchers normally use
+`services.executor.worker.launch`.
 
 What it does: rendezvous through the c10d TCPStore that rank 0 hosts at
-``attempt.rendezvous`` (under the prefix ``attempt.attempt_id``), NCCL on a GPU
+``attempt.rendezvous`` (port 0: at the port rank 0 writes to
+``attempt.rendezvous_file``) under the prefix ``attempt.attempt_id``, NCCL on a GPU
 rank (``cuda:0`` of its ``CUDA_VISIBLE_DEVICES``) or gloo on a CPU rank (one
 thread). Resume from the newest checkpoint in ``checkpoint_dir`` if there is
 one (on any world size), otherwise start from a model seeded with
@@ -48,6 +52,7 @@ seconds). Only rank 0 writes ``epoch_done``, ``stopped``, ``finished`` and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -110,16 +115,46 @@ def init_distributed(attempt, rank: int):
 
     device = select_device(attempt.devices[rank])
     timeout = timedelta(seconds=attempt.timeout_s)
-    store = dist.TCPStore(attempt.host, attempt.port, attempt.world_size, is_master=(rank == 0),
+    host, port = attempt.host, attempt.port
+    if port == 0 and rank != 0:  # rank 0 bound a port of its choice and wrote where (see AttemptSpec)
+        host, port = _published(attempt.rendezvous_file, attempt.timeout_s)
+    store = dist.TCPStore(host, port, attempt.world_size, is_master=(rank == 0),
                           timeout=timeout, wait_for_workers=False)
+    if attempt.port == 0 and rank == 0:
+        _publish(attempt.rendezvous_file, f"{host}:{store.port}")
     prefixed = dist.PrefixStore(attempt.attempt_id, store)
     backend = "gloo" if device.type == "cpu" else "nccl"
     kwargs = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, store=prefixed, rank=rank, world_size=attempt.world_size,
                             timeout=timeout, **kwargs)
+    if attempt.port == 0 and rank == 0:  # every rank has joined, so none reads it any more
+        with contextlib.suppress(OSError):
+            os.unlink(attempt.rendezvous_file)
     global _STORE
     _STORE = prefixed
     return device
+
+
+def _publish(path: str, endpoint: str) -> None:
+    """Write endpoint to path at once as a whole (readers never see half of it)."""
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "w") as f:
+        f.write(endpoint)
+    os.replace(partial, path)
+
+
+def _published(path: str, timeout_s: float) -> tuple[str, int]:
+    """The (host, port) rank 0 wrote to path; TimeoutError naming it after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with open(path) as f:
+                host, _, port = f.read().strip().rpartition(":")
+            return host, int(port)
+        except (FileNotFoundError, ValueError):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 did not publish its rendezvous in {path} within {timeout_s:.0f} s") from None
+            time.sleep(0.05)
 
 
 #: The attempt's store, kept for the exit handshake (see leave_distributed).
@@ -401,8 +436,24 @@ def run(spec, attempt, rank: int, records: Records) -> None:
     leave_distributed(rank, job.world)
 
 
+def _standby() -> list[str] | None:
+    """``--standby`` (a warm worker, see warm.py): import what training needs,
+    then read the arguments of the one run from stdin (a JSON list); None
+    when stdin closes first (the pool let this worker go)."""
+    import torch.distributed  # noqa: F401  (the seconds a cold worker spends before it can train)
+    import torchvision  # noqa: F401
+
+    line = sys.stdin.readline()
+    return json.loads(line) if line.strip() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, _on_sigusr1)  # before anything slow: a stop request must never kill us
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--standby"]:
+        argv = _standby()
+        if argv is None:
+            return 0
     parser = argparse.ArgumentParser(prog="python -m services.executor.worker", description=__doc__.split("\n")[0])
     parser.add_argument("--spec-json", required=True, help="spec.to_json(TrainSpec, AttemptSpec)")
     parser.add_argument("--rank", type=int, required=True)
