@@ -79,7 +79,9 @@ def decide(jobs: Sequence[JobView], gpus: Sequence[Gpu], now_counts: Mapping[str
     """Actions for this moment, given the plan's GPU counts at its start and its job order.
 
     Never gives one GPU to two jobs, never moves a job that is starting or
-    resizing, never shrinks or preempts a running job.
+    resizing, never preempts a running job. A running job shrinks only where
+    the plan gives it fewer GPUs now and a job the plan starts now needs them
+    (it moves at its next epoch boundary; the GPUs go on once released).
     """
     busy = {g for j in jobs for g in j.gpus}
     free = [g for g in gpus if g not in busy]
@@ -93,6 +95,17 @@ def decide(jobs: Sequence[JobView], gpus: Sequence[Gpu], now_counts: Mapping[str
 
     waiting = [j for j in by_order if j.state == st.WAITING]
     running = [j for j in by_order if j.state == st.RUNNING]
+    # 0. running jobs the plan shrinks now, as far as jobs the plan starts now lack free GPUs
+    short = sum(clamp(j, now_counts[j.job_id]) for j in waiting if now_counts.get(j.job_id, 0)) - len(free)
+    shrunk = set()
+    for j in running:
+        n = clamp(j, now_counts.get(j.job_id, 0))
+        if short > 0 and now_counts.get(j.job_id, 0) and n < len(j.gpus) and j.remaining >= 2:
+            keep = _keep(j.gpus, n)
+            short -= len(j.gpus) - len(keep)
+            shrunk.add(j.job_id)
+            actions.append(Action(j.job_id, "resize", keep))
+    running = [j for j in running if j.job_id not in shrunk]
     # 1. waiting jobs the plan starts now, with their planned count (fewer if that is all there is)
     for j in waiting:
         n = now_counts.get(j.job_id, 0)
@@ -128,6 +141,14 @@ def _pays(j: JobView, old: int, new: int, overhead_s: float) -> bool:
         return j.remaining >= 2
     left = j.remaining - 1  # the epoch under way finishes on the old GPUs
     return left > 0 and left * j.epoch_s[new] + overhead_s < left * j.epoch_s[old]
+
+
+def _keep(held: Sequence[Gpu], n: int) -> tuple[Gpu, ...]:
+    """The n of `held` a shrinking job keeps: on the nodes where it holds most."""
+    per_node: dict[str, int] = {}
+    for g in held:
+        per_node[g[0]] = per_node.get(g[0], 0) + 1
+    return tuple(sorted(held, key=lambda g: (-per_node[g[0]], g))[:n])
 
 
 def _pick(free: list[Gpu], n: int, near: Sequence[Gpu] = ()) -> tuple[Gpu, ...]:
@@ -602,7 +623,6 @@ class Dispatcher:
 
         from omru.v1 import executor_pb2, registry_pb2
         from services.planner import convert
-        from services.common.cluster import free_port
 
         r = await self.state.job(a.job_id)
         if r is None or r.terminal:
@@ -616,9 +636,10 @@ class Dispatcher:
         r = await self._update(r.job_id, lambda c: replace(
             c, state=st.STARTING if a.kind == "start" else st.RESIZING, target=a.gpus, attempt=c.attempt + 1,
             sent_s=time.time(), message=""))
+        # rank 0 binds a port its host has free and publishes it in the shared checkpoint folder (port 0)
         host = self.nodes[a.gpus[0][0]].address.rpartition(":")[0]
         kind = executor_pb2.DIRECTIVE_KIND_START if a.kind == "start" else executor_pb2.DIRECTIVE_KIND_RESIZE
-        d = convert.directive(kind, r, a.gpus, f"{host}:{free_port(host)}", await self._checkpoint_dir(r.job_id),
+        d = convert.directive(kind, r, a.gpus, f"{host}:0", await self._checkpoint_dir(r.job_id),
                               f"{r.attempt_id}-{a.kind}")
         nodes = list(dict.fromkeys([g[0] for g in a.gpus] + [g[0] for g in old]))
         log.info("dispatch", job=r.job_id, kind=a.kind, gpus=a.gpus, attempt=r.attempt_id)

@@ -90,3 +90,13 @@ def test_observed_epoch_times_survive_the_etcd_record():
     r = JobRecord(spec={"job_id": "j", "epochs": 3}, profile={1: 20.0, 2: 10.0}, observed=observe({}, 2, 12.5))
     back = JobRecord.from_json(r.to_json())
     assert back == r and back.observed == {2: [12.5, 1]}
+
+
+def test_a_running_job_shrinks_when_the_plan_gives_its_gpus_to_a_job_it_starts_now():
+    jobs = [running("long", GPUS, remaining=10), waiting("a"), waiting("b")]
+    acts = decide(jobs, GPUS, {"long": 2, "a": 1, "b": 1}, ["long", "a", "b"])
+    assert [(a.job_id, a.kind, len(a.gpus)) for a in acts] == [("long", "resize", 2)]
+    assert len({g[0] for g in acts[0].gpus}) == 1  # it keeps one node's GPUs
+    # no shrink when nobody the plan starts now needs the GPUs, or for a job about to end
+    assert decide([running("long", GPUS, remaining=10), waiting("a")], GPUS, {"long": 2}, ["long", "a"]) == []
+    assert decide([running("long", GPUS, remaining=1), waiting("a")], GPUS, {"long": 2, "a": 2}, ["long", "a"]) == []
