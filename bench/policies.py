@@ -10,12 +10,16 @@ replans at every arrival and never sees a job before it arrives). The
 Pollux, Gavel and trace data come from ../shared/data (relative to the repo
 root); without it only the paper rows are printed, and the bench says so.
 
+It prints one table (a row per workload and policy), then omru's makespan
+over every other policy's on each batch, then the seconds omru takes to plan
+1,000 jobs on 1,024 GPUs next to omru-ga's.
+
 Plans that ignore placement or resize cost (the reference policies) are run
 through simulator.replay, which charges them what the cluster would; every
 plan printed has passed the validator. omru-ga runs its defaults (50 x 1000)
 where that takes minutes at most; on the 200- and 1,000-job batches it runs
---ga-generations generations (printed next to it) and the line below the
-table gives its measured seconds per generation and what 1,000 would take.
+--ga-generations generations (printed next to it) and the last lines give
+its measured seconds per generation and what 1,000 would take.
 Figures only: nothing here passes or fails.
 """
 
@@ -55,17 +59,32 @@ def measure(name: str, problem: PlanningInput) -> dict:
             "plan_s": seconds, "unplaced": len(plan.unplaced)}
 
 
+RATIOS: dict[str, dict[str, float]] = {}  # workload -> policy -> makespan / LB_fluid
+
+
 def row(workload: str, name: str, lb: float, m: dict, note: str = "") -> None:
-    print(f"{workload:<26} {name + note:<24} {m['makespan_s'] / lb:>8.3f} {m['utilization'] * 100:>7.1f} "
-          f"{m['resizes']:>8} {m['plan_s']:>9.3f}" + (f"  ({m['unplaced']} unplaced)" if m["unplaced"] else ""))
+    RATIOS.setdefault(workload, {})[name] = m["makespan_s"] / lb
+    print(f"{workload:<32} {name + note:<24} {m['makespan_s'] / lb:>8.3f} {m['utilization'] * 100:>7.1f} "
+          f"{m['resizes']:>8} {m['plan_s']:>9.3f}" + (f"  ({m['unplaced']} unplaced)" if m["unplaced"] else ""),
+          flush=True)
 
 
-def header(title: str) -> None:
-    print(f"\n{title}\n{'workload':<26} {'policy':<24} {'T/LBfl':>8} {'util%':>7} {'resizes':>8} {'plan_s':>9}")
+LEGEND = """\
+workloads (T/LBfl: makespan / LB_fluid of the workload's best-placement profile):
+  paper <task> G=g      the paper's data (examples/profiles, V100), one node of g GPUs, no resize cost
+  pollux <n>j/<G>g s<k>  Pollux-derived batch, 4-GPU nodes, placement-aware, resize cost 30 s;
+                        sizes and run times from a Philly window (seed k)
+  gavel 50j/32g         Gavel-derived batch (V100 throughputs, no placement data), resize cost 30 s
+  <trace> s<k> (r replans)  online: a Philly / ITP window with its arrivals, 50 jobs on 16 x 4 GPUs,
+                        resize cost 30 s, replanned at every arrival (LB_fluid ignores arrivals)
+plan_s: seconds the policy took to plan (online: all its replans together)"""
+
+
+def header() -> None:
+    print(f"{LEGEND}\n\n{'workload':<32} {'policy':<24} {'T/LBfl':>8} {'util%':>7} {'resizes':>8} {'plan_s':>9}")
 
 
 def paper_rows() -> None:
-    header("paper data (examples/profiles/omru_v100_epoch_times.csv), no resize cost")
     path = next(PAPER.glob("*v100*"))
     for task in ("image", "action"):
         jobs = profiles.load_csv(path, task=task)
@@ -73,11 +92,10 @@ def paper_rows() -> None:
             problem = PlanningInput(tuple(jobs), Cluster.of(G))
             lb = fluid.solve(problem).T
             for name in ("omru", "omru-ga", "optimus", "parallel", "sequential"):
-                row(f"{task} G={G}", name, lb, measure(name, problem))
+                row(f"paper {task} G={G}", name, lb, measure(name, problem))
 
 
 def batch_rows(args) -> dict:
-    header("Pollux-derived batches, 4-GPU nodes, placement-aware, resize cost 30 s (sizes/run times: Philly)")
     sizes = [(50, 16), (200, 64), (1000, 256)] if not args.quick else [(50, 16)]
     ga_rate = {}
     for n, nodes in sizes:
@@ -96,13 +114,21 @@ def batch_rows(args) -> dict:
                 if name == "omru-ga" and n > 50:
                     ga_rate[(n, nodes)] = m["plan_s"] / max(1, args.ga_generations)
                 row(label, name, lb, m, note)
-    header("Gavel-derived batch (V100 throughputs), 4-GPU nodes, resize cost 30 s")
     jobs = workloads.gavel_batch(50, 8, 0)
     problem = PlanningInput(jobs, Cluster(8, workloads.GPUS_PER_NODE), resize_cost_s=30.0)
     lb = fluid.solve(problem).T
     for name in BATCH_POLICIES:
         row("gavel 50j/32g", name, lb, measure(name, problem))
     return ga_rate
+
+
+def comparison() -> None:
+    """omru's makespan over each other policy's, per batch workload (below 1: omru ends first)."""
+    print("\nomru's makespan / each other policy's (Pollux and Gavel batches):")
+    for workload, ratios in RATIOS.items():
+        if workload.startswith(("pollux", "gavel")) and "omru" in ratios:
+            others = "  ".join(f"{name} {ratios['omru'] / r:.3f}" for name, r in ratios.items() if name != "omru")
+            print(f"  {workload:<22} {others}")
 
 
 def scale_line(ga_rate: dict) -> None:
@@ -122,7 +148,6 @@ def scale_line(ga_rate: dict) -> None:
 
 
 def online_rows(args) -> None:
-    header("online: trace windows with arrivals, 50 jobs on 16 x 4 GPUs, resize cost 30 s (T/LBfl: LB ignores arrivals)")
     for kind in ("philly", "itp"):
         for seed in range(args.seeds):
             jobs = workloads.pollux_batch(50, 16, 100 + seed, kind=kind, arrivals=True)
@@ -144,14 +169,16 @@ def main() -> int:
     ap.add_argument("--ga-generations", type=int, default=10, help="omru-ga generations on the big batches")
     ap.add_argument("--seeds", type=int, default=1, help="seeds per batch workload")
     args = ap.parse_args()
+    header()
     paper_rows()
     gone = workloads.missing()
     if gone:
         print(f"\n../shared/data is missing {len(gone)} file(s) (e.g. {gone[0]}): Pollux, Gavel and trace rows skipped")
         return 0
     ga_rate = batch_rows(args)
-    scale_line(ga_rate)
     online_rows(args)
+    comparison()
+    scale_line(ga_rate)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import random
 from pathlib import Path
 
@@ -63,3 +64,20 @@ def random_shape(seed: int) -> tuple[int, int, int, bool]:
     gpus = rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, rng.randint(1, 64)])
     per_node = rng.choice([k for k in (1, 2, 3, 4, 8, gpus) if gpus % k == 0])
     return n, gpus, per_node, bool(seed % 2)
+
+
+def rich_instance(seed: int) -> PlanningInput:
+    """Random jobs with spread-placement slow-downs, requested GPUs, arrivals and a resize cost."""
+    rng = random.Random(seed)
+    per_node = rng.choice([1, 2, 4])
+    nodes = rng.randint(1, 4)
+    G = per_node * nodes
+    jobs = []
+    for j in random_jobs(rng, rng.randint(1, 12), G, monotone=bool(seed % 2)):
+        spread = {(g, k): j.profile[g] * rng.uniform(1.0, 1.8)
+                  for g in range(2, G + 1) for k in range(-(-g // per_node) + 1, min(g, nodes) + 1)}
+        jobs.append(dataclasses.replace(j, epochs=rng.randint(1, 40), placement=spread,
+                                        arrival_s=rng.choice([0.0, 0.0, rng.uniform(0, 2000)]),
+                                        requested_gpus=rng.randint(1, G)))
+    return PlanningInput(tuple(jobs), Cluster(nodes, per_node), seed=seed,
+                         resize_cost_s=rng.choice([0.0, 5.0, 30.0]))

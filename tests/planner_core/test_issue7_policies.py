@@ -10,27 +10,10 @@ import pytest
 from services.planner.core import bounds, fluid, profiles, registry, simulator, validate
 from services.planner.core.engine import resizes
 from services.planner.core.model import Cluster, Job, Plan, PlanningError, PlanningInput, Segment
-from core_builders import example_problem, random_jobs, reference_rows
+from core_builders import example_problem, random_jobs, reference_rows, rich_instance
 
 NEW_POLICIES = ("omru", "fifo", "sjf", "tiresias", "min-total-duration")
 TOL = 1 + 1e-9
-
-
-def _rich_instance(seed: int) -> PlanningInput:
-    """Random jobs with spread-placement slow-downs, requested GPUs, arrivals and a resize cost."""
-    rng = random.Random(seed)
-    per_node = rng.choice([1, 2, 4])
-    nodes = rng.randint(1, 4)
-    G = per_node * nodes
-    jobs = []
-    for j in random_jobs(rng, rng.randint(1, 12), G, monotone=bool(seed % 2)):
-        spread = {(g, k): j.profile[g] * rng.uniform(1.0, 1.8)
-                  for g in range(2, G + 1) for k in range(-(-g // per_node) + 1, min(g, nodes) + 1)}
-        jobs.append(dataclasses.replace(j, epochs=rng.randint(1, 40), placement=spread,
-                                        arrival_s=rng.choice([0.0, 0.0, rng.uniform(0, 2000)]),
-                                        requested_gpus=rng.randint(1, G)))
-    return PlanningInput(tuple(jobs), Cluster(nodes, per_node), seed=seed,
-                         resize_cost_s=rng.choice([0.0, 5.0, 30.0]))
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -43,7 +26,7 @@ def test_exact_fluid_solution_equals_the_lp_bound(seed):
 
 @pytest.mark.parametrize("seed", range(24))
 def test_every_new_policy_keeps_placement_resize_and_arrival_rules(seed):
-    p = _rich_instance(seed)
+    p = rich_instance(seed)
     for name in NEW_POLICIES:
         plan = registry.plan(name, p)
         assert validate.violations(plan, p) == [], name
@@ -56,14 +39,14 @@ def test_every_new_policy_keeps_placement_resize_and_arrival_rules(seed):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_reference_policies_become_valid_when_replayed_with_placement_and_resize_cost(seed):
-    p = dataclasses.replace(_rich_instance(seed), options={"generations": 5})
+    p = dataclasses.replace(rich_instance(seed), options={"generations": 5})
     for name in ("omru-ga", "optimus", "parallel"):
         plan = simulator.replay(registry.plan(name, p), p)
         assert validate.violations(plan, p) == [], name
 
 
 def test_replay_leaves_a_plan_that_keeps_every_rule_unchanged():
-    p = _rich_instance(3)
+    p = rich_instance(3)
     plan = registry.plan("omru", p)
     assert simulator.replay(plan, p).segments == tuple(sorted(plan.segments, key=lambda s: (s.start_s, s.end_s, s.gpus)))
 
@@ -95,7 +78,7 @@ def test_spread_placement_is_charged_its_slower_time():
 
 
 def test_online_replay_never_shows_a_policy_a_job_before_it_arrives():
-    p = _rich_instance(5)
+    p = rich_instance(5)
     p = dataclasses.replace(p, jobs=tuple(dataclasses.replace(j, arrival_s=100.0 * i) for i, j in enumerate(p.jobs)))
     seen = []
 
@@ -111,13 +94,13 @@ def test_online_replay_never_shows_a_policy_a_job_before_it_arrives():
 
 @pytest.mark.parametrize("name", NEW_POLICIES)
 def test_online_plans_of_every_new_policy_pass_the_validator(name):
-    p = _rich_instance(8)
+    p = rich_instance(8)
     plan, _ = simulator.online(registry.get(name), p, name)
     assert validate.violations(plan, p) == []
 
 
 def test_rigid_baselines_keep_the_requested_gpu_count():
-    p = _rich_instance(2)
+    p = rich_instance(2)
     for name in ("fifo", "sjf", "tiresias", "min-total-duration"):
         for s in registry.plan(name, p).segments:
             assert len(s.gpus) == p.job(s.job).requested_gpus, name

@@ -65,14 +65,11 @@ def hull_of(D_row: np.ndarray) -> Hull:
     """The lower-left convex hull of the points (D(g), g D(g)), g = 1..G."""
     G = D_row.shape[0]
     area = D_row * np.arange(1, G + 1)
-    # Pareto front: scan by ascending area (ties: faster first), keep strictly faster.
+    # Pareto front: by ascending area (ties: faster first), keep the strictly faster.
     order = np.lexsort((D_row, area))
-    pts: list[tuple[float, float, int]] = []
-    best = np.inf
-    for i in order:
-        if D_row[i] < best:
-            best = D_row[i]
-            pts.append((float(D_row[i]), float(area[i]), int(i) + 1))
+    d = D_row[order]
+    keep = d < np.concatenate(([np.inf], np.minimum.accumulate(d)[:-1]))
+    pts = [(float(D_row[i]), float(area[i]), int(i) + 1) for i in order[keep]]
     # Convexity of area as a function of time (times descending along pts).
     hull: list[tuple[float, float, int]] = []
     for p in pts:

@@ -1,26 +1,32 @@
-"""`omru`: fluid-guided list scheduling with resizes where they pay.
+"""`omru`: fluid-guided packing, with fluid-guided list scheduling as a second opinion.
 
 1. Solve the fluid relaxation exactly (core/fluid.py): its makespan T* is the
    fluid lower bound, and each job's convex hull of (time, GPU-seconds) says
    which GPU counts are efficient.
-2. For a target makespan T, each job's count is the fewest GPUs on its hull
-   that finish it within T (the least GPU-seconds that meet T). Jobs start
-   longest first on the cluster as GPUs come free (backfilling smaller ones),
-   on as few nodes as possible, charged the time of the placement chosen.
-3. Once nothing waits, GPUs that come free go to running jobs, most critical
-   (latest end) first: a job grows at its next epoch boundary only when that
-   ends it earlier even after the resize cost, so late in the batch the
-   stragglers take the cluster (the wrap-around the fluid optimum does with
-   fractions, done with whole epochs and few resizes).
-4. Steps 2-3 are tried for a handful of targets T around T* (every hull
-   breakpoint on small instances) and both "wait for the full count" and
-   "start on what is free"; the plan with the least makespan wins (then fewer
-   resizes). Each try is one event-driven pass, O(events x running jobs), so
-   1,000 jobs on 1,024 GPUs plan in about a second.
+2. Packing (core/packing.py), for targets T = f T*, f = 1, 1.01, ... until
+   f T* is no better than the best plan found, then twice halfway between
+   the largest target missed and the best plan: each job gets the plan of
+   least GPU-seconds that ends by T (one count, or the fluid mix of two
+   hull counts rounded to whole epochs, with one resize), placed longest
+   first at the earliest time a grid of whole nodes has room for it; jobs
+   served best by part of a node share nodes in bundles. Items that end late
+   go first in the next round. Every job runs on as few nodes as its count
+   allows, so the time planned is the time of the placement it gets. Last,
+   the job that ends last grows onto nodes nothing uses any more while that
+   ends it earlier.
+3. List scheduling on the event engine (core/engine.py), on batches up to
+   LIST_MAX jobs x GPUs: for targets T around T*, each job's count is the
+   fewest GPUs on its hull that finish within T; jobs start longest first as
+   GPUs come free; once nothing waits, free GPUs go to the running jobs
+   that end last when that ends them earlier even after the resize cost
+   (the wrap-around the fluid optimum does with fractions). On small
+   batches every hull breakpoint is tried, then a local search.
+4. The plan with the least makespan wins (then fewer resizes).
 
-Every plan comes from the engine (core/engine.py), so GPU ids, epoch
-boundaries, placement times, resize costs and arrivals are true by
-construction.
+Both builders keep the validator's rules by construction: GPU ids, whole
+epochs, placement times, resize costs, arrivals and committed history.
+Packing plans 1,000 jobs on 1,024 GPUs in about a second; list scheduling,
+whose passes grow with jobs x running jobs, is left out there.
 """
 
 from __future__ import annotations
@@ -30,9 +36,20 @@ from dataclasses import dataclass
 from services.planner.core import fluid
 from services.planner.core.engine import EPS, Engine, resizes
 from services.planner.core.model import Plan, PlanningError, PlanningInput
+from services.planner.core.packing import Packer, grow_tail
 from services.planner.core.registry import register
 
-#: Target makespans tried, as multiples of T* (plus hull breakpoints when few).
+#: Packing targets, as multiples of T*, tried in order while they can still win.
+PACK_FACTORS = (1.0, 1.01, 1.02, 1.03, 1.05, 1.08, 1.12, 1.2, 1.35, 1.6, 2.0, 3.0)
+#: Packing rounds per target (items that end late move to the front).
+PACK_ROUNDS = 8
+#: Times the job that ends a packing last may grow onto nodes left idle (packing.grow_tail).
+GROW_ROUNDS = 64
+#: A packing that ends this share after its target missed it.
+PACK_MISS = 0.002
+#: List scheduling runs on batches up to this many jobs x GPUs.
+LIST_MAX = 300_000
+#: List-scheduling target makespans, as multiples of T* (plus hull breakpoints when few).
 FACTORS = (1.0, 1.02, 1.05, 1.1, 1.2, 1.35, 1.6, 2.0, 3.0)
 #: Below this many hull breakpoints near T*, every one of them is tried.
 EXHAUSTIVE_BREAKPOINTS = 120
@@ -74,13 +91,10 @@ class _Omru:
             self._grow(e)
 
     def _grow(self, e: Engine) -> None:
-        done: set[int] = set()
-        while e.free_count:
-            live = [(r.end, j) for j, r in e.running.items() if j not in done and r.start <= e.now + EPS]
-            if not live:
+        # The job that ends last first; growing one job does not move the others' ends.
+        for end, j in sorted(((r.end, j) for j, r in e.running.items() if r.start <= e.now + EPS), reverse=True):
+            if not e.free_count:
                 return
-            end, j = max(live)
-            done.add(j)
             g = len(e.running[j].gpus)
             options = [c for c in self.hulls[j].counts if g < c <= g + e.free_count]
             if not self.hull_only:
@@ -114,6 +128,57 @@ def _makespans(sol: fluid.FluidSolution) -> list[float]:
 def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Plan:
     """The `omru` plan, optionally continuing from `committed` segments at `start_s`."""
     sol = fluid.solve(problem)
+    plans = [_packed(problem, sol, start_s, committed)]
+    if len(problem.jobs) * problem.cluster.gpus <= LIST_MAX:
+        plans.append(_listed(problem, sol, start_s, committed))
+    return min(plans, key=_score)
+
+
+def _score(plan: Plan) -> tuple[float, int]:
+    return (plan.makespan_s if not plan.unplaced else float("inf"), resizes(plan))
+
+
+def _packed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, committed) -> Plan:
+    """The best packing over targets f T* (module docstring, step 2)."""
+    index = {j.id: i for i, j in enumerate(problem.jobs)}
+    busy = [start_s] * problem.cluster.gpus
+    history: dict[int, tuple[tuple[int, ...], float]] = {}
+    not_before = [max(start_s, j.arrival_s) for j in problem.jobs]
+    for s in committed:
+        for g in s.gpus:
+            busy[g] = max(busy[g], s.end_s)
+        i = index.get(s.job)
+        if i is not None and (i not in history or s.end_s >= history[i][1]):
+            history[i] = (tuple(s.gpus), s.end_s)
+            not_before[i] = max(not_before[i], s.end_s)
+    packer = Packer(problem, start_s, busy, not_before, history)
+    best, below = None, 0.0
+
+    def attempt(f: float) -> None:
+        nonlocal best, below
+        grid, items = packer.pack(f * sol.T, PACK_ROUNDS)
+        segments = grow_tail(problem, packer.segments(grid, items), packer.unit, busy, GROW_ROUNDS)
+        plan = Plan("omru", tuple(segments))
+        if best is None or _score(plan) < _score(best):
+            best = plan
+        if plan.makespan_s > start_s + f * sol.T * (1 + PACK_MISS):
+            below = max(below, f)  # this target was missed
+
+    for f in PACK_FACTORS:
+        if best is not None and start_s + f * sol.T >= best.makespan_s:
+            break
+        attempt(f)
+    # Halve the gap between the largest missed target and the best plan, twice.
+    for _ in range(2 if below else 0):
+        f = 0.5 * (below + (best.makespan_s - start_s) / sol.T)
+        if f - below < PACK_MISS:
+            break
+        attempt(f)
+    return best
+
+
+def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, committed) -> Plan:
+    """The best list schedule (module docstring, step 3)."""
     n = len(problem.jobs)
     tried: dict[tuple, tuple[tuple[float, int], Plan]] = {}
 
@@ -126,8 +191,7 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
         if key not in tried:
             plan = Engine(problem, _Omru(list(targets), list(order), sol.hulls, *mode), start_s=start_s,
                           committed=committed).run("omru")
-            score = (plan.makespan_s if not plan.unplaced else float("inf"), resizes(plan))
-            tried[key] = (score, plan)
+            tried[key] = (_score(plan), plan)
         return tried[key][0]
 
     big = n * problem.cluster.gpus > BIG
@@ -135,16 +199,19 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
         targets = tuple(_target(h, T) for h in sol.hulls)
         for mode in MODES if not big else MODES[:2]:
             attempt(targets, lpt(targets), mode)
-    # Local search on small batches: one job's count, or two jobs' places in the order.
+    # Local search on small batches: one job's count, or two jobs' places in the order,
+    # the jobs that end last first.
     budget = 0 if big else LOCAL_SEARCH_RUNS // max(1, n)
-    (targets, order, mode), (score, _) = min(tried.items(), key=lambda kv: kv[1][0])
+    (targets, order, mode), (score, plan) = min(tried.items(), key=lambda kv: kv[1][0])
     improved = True
     while improved and budget > 0:
         improved = False
+        ends = {s.job: s.end_s for s in plan.segments}
+        late = sorted(range(n), key=lambda j: (-ends.get(problem.jobs[j].id, 0.0), j))
+        where = {j: i for i, j in enumerate(order)}
         moves = [(targets[:j] + (c,) + targets[j + 1:], order)
-                 for j in range(n) for c in sol.hulls[j].counts if c != targets[j]]
-        moves += [(targets, order[:i] + (order[k],) + order[i + 1:k] + (order[i],) + order[k + 1:])
-                  for i in range(n) for k in range(i + 1, n)]
+                 for j in late for c in sol.hulls[j].counts if c != targets[j]]
+        moves += [(targets, _swap(order, *sorted((where[j], k)))) for j in late for k in range(n) if k != where[j]]
         for cand_targets, cand_order in moves:
             if budget <= 0:
                 break
@@ -152,13 +219,18 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
             s = attempt(cand_targets, cand_order, mode)
             if s < score:
                 score, targets, order, improved = s, cand_targets, cand_order, True
+                plan = tried[(targets, order, mode)][1]
                 break
     return min(tried.values(), key=lambda v: v[0])[1]
 
 
+def _swap(order: tuple[int, ...], i: int, k: int) -> tuple[int, ...]:
+    return order[:i] + (order[k],) + order[i + 1:k] + (order[i],) + order[k + 1:]
+
+
 @register("omru")
 def omru(problem: PlanningInput) -> Plan:
-    """Fluid-guided list scheduling with profitable resizes (see module docstring)."""
+    """Fluid-guided packing or list scheduling, whichever ends first (see module docstring)."""
     committed = problem.options.get("committed", ())
     start_s = problem.options.get("start_s", 0.0)
     if not isinstance(start_s, (int, float)) or start_s < 0:

@@ -1,0 +1,134 @@
+"""The packing behind `omru` (core/packing.py): grid, plans, bundles, whole nodes, tail growth."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from services.planner.core import fluid, simulator, validate
+from services.planner.core.model import Cluster, Job, Plan, PlanningInput, Segment
+from services.planner.core.packing import Grid, Menu, Packer, grow_tail, plans
+from services.planner.core.policies import omru
+from core_builders import random_jobs, rich_instance
+
+
+def packed(problem: PlanningInput) -> Plan:
+    """omru's packing alone (no list-scheduling second opinion)."""
+    options = problem.options
+    return omru._packed(problem, fluid.solve(problem), options.get("start_s", 0.0), options.get("committed", ()))
+
+
+def multi_node_instance(seed: int) -> PlanningInput:
+    """2-6 nodes of 4 GPUs, 5-40 jobs, spread placements up to 2.5x slower, resize cost."""
+    rng = random.Random(seed)
+    nodes, K = rng.randint(2, 6), 4
+    G = nodes * K
+    jobs = []
+    for i, j in enumerate(random_jobs(rng, rng.randint(5, 40), G, monotone=True)):
+        spread = {(g, k): j.profile[g] * rng.uniform(1.0, 2.5)
+                  for g in range(2, G + 1) for k in range(-(-g // K) + 1, min(g, nodes) + 1)}
+        jobs.append(Job(j.id, rng.randint(1, 60), j.profile, placement=spread))
+    return PlanningInput(tuple(jobs), Cluster(nodes, K), resize_cost_s=rng.choice([0.0, 30.0]))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_earliest_is_the_first_start_where_every_part_fits(seed):
+    rng = np.random.default_rng(seed)
+    grid = Grid(units=8, dt=1.0)
+    grid.add([(int(rng.integers(0, 9)), 1) for _ in range(60)], 0)
+    shape = [(int(rng.integers(1, 9)), int(rng.integers(1, 6))) for _ in range(rng.integers(1, 4))]
+    s0 = int(rng.integers(0, 30))
+
+    def fits(s: int) -> bool:
+        for units, b in shape:
+            if any(grid.used[t] + units > 8 for t in range(s, s + b) if t < len(grid.used)):
+                return False
+            s += b
+        return True
+
+    assert grid.earliest(shape, s0) == next(s for s in range(s0, 200) if fits(s))
+
+
+def test_a_job_mixes_two_hull_counts_only_when_no_single_count_meets_the_window():
+    job = Job("a", 10, {1: 100.0, 2: 60.0, 3: 45.0, 4: 30.0})
+    tau = np.array([job.epoch_seconds(g) for g in range(1, 5)])
+    menu = Menu(tau, fluid.hull_of(tau * job.epochs).counts, 1)
+    assert plans(menu, 10, 1000.0, 0.0)[0][1] == ((1, 10),)  # 1 GPU meets 1000 s
+    options = plans(menu, 10, 500.0, 5.0)
+    assert options == sorted(options, key=lambda p: p[0])
+    for _, parts in options:
+        assert sum(x for _, x in parts) == 10
+        seconds = sum(x * tau[u - 1] for u, x in parts) + 5.0 * (len(parts) - 1)
+        assert seconds <= 500.0
+    mixes = [parts for _, parts in options if len(parts) == 2]
+    assert mixes and all({u for u, _ in parts} <= set(menu.hull) for parts in mixes)
+    assert plans(menu, 1, 25.0, 0.0) == []  # one epoch cannot be split, nothing is fast enough
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_packed_plans_keep_every_rule_on_random_instances(seed):
+    for p in (rich_instance(seed), multi_node_instance(seed)):
+        plan = packed(p)
+        assert validate.violations(plan, p) == []
+        assert not plan.unplaced
+        if all(j.arrival_s == 0 for j in p.jobs):
+            assert plan.makespan_s * (1 + 1e-9) >= fluid.solve(p).T
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_on_several_nodes_packing_puts_each_job_on_as_few_nodes_as_its_count_allows(seed):
+    p = multi_node_instance(seed)
+    K = p.cluster.gpus_per_node
+    plan = packed(p)
+    for s in plan.segments:
+        assert p.cluster.nodes_spanned(s.gpus) == -(-len(s.gpus) // K), s
+
+
+def test_small_jobs_share_a_node_instead_of_taking_one_each():
+    # Eight one-GPU jobs on 2 nodes of 4: bundled, they all run at once.
+    jobs = tuple(Job(f"j{i}", 10, {g: 100.0 / g ** 0.3 for g in range(1, 9)}) for i in range(8))
+    p = PlanningInput(jobs, Cluster(2, 4))
+    plan = packed(p)
+    assert validate.violations(plan, p) == []
+    assert plan.makespan_s == pytest.approx(1000.0)
+    assert {len(s.gpus) for s in plan.segments} == {1}
+
+
+def test_the_job_that_ends_last_grows_onto_a_node_left_idle():
+    # A long job on node 0, a short one on node 1: once node 1 is idle the long job takes it too.
+    long = Job("long", 100, {g: 40.0 / g for g in range(1, 9)})
+    short = Job("short", 10, {g: 40.0 / g for g in range(1, 9)})
+    p = PlanningInput((long, short), Cluster(2, 4), resize_cost_s=30.0)
+    plan = [Segment("long", 0.0, 1000.0, (0, 1, 2, 3), 100), Segment("short", 0.0, 100.0, (4, 5, 6, 7), 10)]
+    grown = grow_tail(p, plan, 4, [0.0] * 8, rounds=8)
+    assert validate.violations(Plan("x", tuple(grown)), p) == []
+    last = [s for s in grown if s.job == "long"]
+    assert len(last) == 2 and last[1].gpus == tuple(range(8)) and last[1].start_s == pytest.approx(100.0)
+    assert max(s.end_s for s in grown) == pytest.approx(100.0 + 30.0 + 90 * 5.0)
+
+
+def test_growing_that_would_not_pay_its_resize_cost_is_left_out():
+    long = Job("long", 100, {g: 40.0 / g for g in range(1, 9)})
+    short = Job("short", 10, {g: 40.0 / g for g in range(1, 9)})
+    p = PlanningInput((long, short), Cluster(2, 4), resize_cost_s=10_000.0)
+    plan = [Segment("long", 0.0, 1000.0, (0, 1, 2, 3), 100), Segment("short", 0.0, 100.0, (4, 5, 6, 7), 10)]
+    assert grow_tail(p, plan, 4, [0.0] * 8, rounds=8) == plan
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_online_packing_keeps_clear_of_committed_gpus_and_pays_restarts(seed):
+    p = multi_node_instance(seed)
+    rng = random.Random(seed)
+    p = PlanningInput(tuple(Job(j.id, j.epochs, j.profile, arrival_s=rng.choice([0.0, rng.uniform(0, 3000)]),
+                                placement=j.placement) for j in p.jobs), p.cluster, resize_cost_s=30.0)
+    plan, _ = simulator.online(packed, p, "omru")
+    assert validate.violations(plan, p) == []
+
+
+def test_packer_units_are_gpus_on_one_node_and_nodes_on_several():
+    one = PlanningInput((Job("a", 1, {1: 1.0, 2: 1.0}),), Cluster(1, 2))
+    many = PlanningInput((Job("a", 1, {g: 1.0 for g in range(1, 9)}),), Cluster(2, 4))
+    assert (Packer(one).unit, Packer(one).units) == (1, 2)
+    assert (Packer(many).unit, Packer(many).units) == (4, 2)
