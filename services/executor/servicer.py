@@ -38,7 +38,7 @@ class RegistryUnavailable(RuntimeError):
 
 
 class RegistryClaims:
-    """GPU claims in the registry (ClaimGpus / ReleaseGpus), for a Supervisor."""
+    """GPU claims in the registry (ClaimGpus / ReleaseGpus) and the nodes it lists, for a Supervisor."""
 
     def __init__(self, channel: grpc.aio.Channel, deadline_s: float = REGISTRY_DEADLINE_S) -> None:
         self.stub = registry_pb2_grpc.RegistryServiceStub(channel)
@@ -56,6 +56,10 @@ class RegistryClaims:
     async def release(self, job_id: str, gpus: Sequence[Gpu]) -> None:
         request = registry_pb2.ReleaseGpusRequest(job_id=job_id, gpus=[convert.gpu_ref(g) for g in gpus])
         await self.stub.ReleaseGpus(request, timeout=self.deadline_s)
+
+    async def nodes(self) -> set[str]:
+        listing = await self.stub.ListNodes(registry_pb2.ListNodesRequest(), timeout=self.deadline_s)
+        return {n.node_id for n in listing.nodes}
 
 
 def devices_of(gpus: Sequence[common_pb2.GpuInfo]) -> dict[int, str]:

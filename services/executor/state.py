@@ -29,14 +29,16 @@ Transitions (anything else is a bug and raises `TransitionError`):
     RUNNING    -> RESIZING | STOPPING | RESTARTING | STOPPED | FINISHED | FAILED
     RESIZING   -> STARTING | STOPPING | STOPPED | FINISHED | FAILED
     RESTARTING -> STARTING | STOPPING | STOPPED | FAILED
-    STOPPING   -> STOPPED | FINISHED | FAILED
+    STOPPING   -> RESIZING | STOPPED | FINISHED | FAILED
     STOPPED    -> STARTING
     FINISHED   -> STARTING
     FAILED     -> STARTING
 
 STARTING/RUNNING -> STOPPED happens when a peer node asked the job to stop
 (the stop request is all-reduced over every rank) and the local ranks exited
-cleanly before this node got its own directive. A terminal state goes back
+cleanly before this node got its own directive. STOPPING -> RESIZING: the
+job was started again here (or resized) before its stop drained, as when a
+peer node was lost: it moves to the new GPU set once its ranks stopped. A terminal state goes back
 to STARTING only through a new START (or RESIZE) directive.
 """
 
@@ -74,7 +76,7 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     S.RUNNING: frozenset({S.RESIZING, S.STOPPING, S.RESTARTING, S.STOPPED, S.FINISHED, S.FAILED}),
     S.RESIZING: frozenset({S.STARTING, S.STOPPING, S.STOPPED, S.FINISHED, S.FAILED}),
     S.RESTARTING: frozenset({S.STARTING, S.STOPPING, S.STOPPED, S.FAILED}),
-    S.STOPPING: frozenset({S.STOPPED, S.FINISHED, S.FAILED}),
+    S.STOPPING: frozenset({S.RESIZING, S.STOPPED, S.FINISHED, S.FAILED}),
     S.STOPPED: frozenset({S.STARTING}),
     S.FINISHED: frozenset({S.STARTING}),
     S.FAILED: frozenset({S.STARTING}),

@@ -19,13 +19,17 @@ emits STARTED, GPUS_RELEASED and FAILED for its own ranks.
 Directives (`apply`, idempotent on directive_id, one at a time):
 
 START   claim the local GPUs in the registry (all or nothing), launch.
-RESIZE  claim the new local GPUs, ask the workers to stop at the end of the
+RESIZE  (or START while the job is STOPPING here: the stop turns into a move)
+        claim the new local GPUs, ask the workers to stop at the end of the
         current epoch (they checkpoint first), then release the GPUs that
         are not in the new set (GPUS_RELEASED) and start the new attempt from
         the checkpoint. A node with no rank in the new set stops its ranks and
         releases all its GPUs; a node with no rank in the old set starts its
         new ranks at once (they wait in the rendezvous for the others).
 STOP    ask the workers to stop at the end of the current epoch, release.
+
+A stop or resize of an attempt with ranks on a node the registry no longer
+lists terminates the local workers at once (that epoch cannot finish).
 
 A worker that dies makes the others stop (`WorkerGroup`); the job restarts
 from the newest checkpoint (so at most the epoch in progress is lost) up to
@@ -179,6 +183,9 @@ class GpuClaims(Protocol):
 
     async def release(self, job_id: str, gpus: Sequence[Gpu]) -> None:
         """Give the job's claims on the GPUs back."""
+
+    async def nodes(self) -> set[str]:
+        """Ids of the nodes alive now (their lease holds)."""
 
 
 # --- the event log ---------------------------------------------------------------------
@@ -426,6 +433,9 @@ class Supervisor:
 
     async def _start(self, d: Directive) -> None:
         job = self._jobs.get(d.job_id)
+        if job is not None and job.state is JobState.STOPPING and job.profile is None and d.profile is None:
+            await self._resize(d)  # started again before its stop drained (a peer node was lost): move once stopped
+            return
         if job is not None and job.state.active:
             raise ConflictError(f"job {d.job_id!r} already runs on node {self.node_id} (state {job.state}); "
                                 f"send RESIZE or STOP")
@@ -452,8 +462,6 @@ class Supervisor:
             return
         if job.profile is not None or d.profile is not None:
             raise ConflictError(f"job {d.job_id!r} is a profiling trial on node {self.node_id}; trials are not resized")
-        if job.state is JobState.STOPPING:
-            raise ConflictError(f"job {d.job_id!r} is stopping on node {self.node_id}; send START once it stopped")
         if d.spec.fingerprint() != job.spec.fingerprint() or d.spec.model != job.spec.model:
             raise DirectiveError("directive.job", f"differs from the running job {d.job_id!r} (model, classes or input)")
         new = [g for _, g in self._local(d)]
@@ -469,6 +477,7 @@ class Supervisor:
             job.move(JobState.RESIZING, f"resize to {len(d.gpus)} GPUs requested by {d.directive_id}")
         if job.group is not None:
             job.group.request_stop()
+            await self._stop_now_if_a_peer_is_lost(job)
 
     async def _stop(self, d: Directive) -> None:
         job = self._jobs.get(d.job_id)
@@ -481,6 +490,26 @@ class Supervisor:
         job.move(JobState.STOPPING, f"stop requested by {d.directive_id}")
         if job.group is not None:
             job.group.request_stop()
+            await self._stop_now_if_a_peer_is_lost(job)
+
+    async def _stop_now_if_a_peer_is_lost(self, job: _Job) -> None:
+        """Terminate the workers at once when the attempt has ranks on a node that is gone.
+
+        Its next epoch boundary never comes: the collectives (or the
+        rendezvous) wait for the lost ranks until their timeout. The job then
+        stops or moves as after any stop, from its last checkpoint (only the
+        epoch in progress is lost, which it was anyway)."""
+        peers = {g.node_id for g in job.gpus} - {self.node_id}
+        if not peers:
+            return
+        try:
+            lost = sorted(peers - await self.claims.nodes())
+        except Exception as exc:  # registry away: the workers stop at their epoch boundary as asked
+            log.warning("peer_check_failed", job_id=job.job_id, error=str(exc))
+            return
+        if lost:
+            log.warning("peer_lost", job_id=job.job_id, nodes=lost, attempt_id=job.attempt.attempt_id if job.attempt else "")
+            await job.group.terminate()
 
     # --- the job's life --------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, fields
 
@@ -151,8 +152,12 @@ class AttemptSpec:
     ``devices[rank]`` is ``"cpu"`` (gloo, one CPU slot) or a GPU index such as
     ``"0"`` (NCCL; the launcher sets ``CUDA_VISIBLE_DEVICES`` to it, so the
     worker then uses ``cuda:0``). ``rendezvous`` is the ``host:port`` of the
-    c10d TCPStore that rank 0 hosts; every rank uses the store under the
-    prefix ``attempt_id``, so each restart attempt starts from a clean slate.
+    c10d TCPStore that rank 0 hosts; with port 0 rank 0 binds a port the OS
+    picks on its host (``host`` = rank 0's host, as the other nodes reach it)
+    and writes ``host:port`` to `rendezvous_file` in the shared
+    checkpoint_dir, where the other ranks read it (so the port is never
+    chosen on one machine and bound on another). Every rank uses the store
+    under the prefix ``attempt_id``, so each restart attempt starts from a clean slate.
     All ranks must see ``checkpoint_dir`` (a shared folder across nodes).
     When the file ``stop_file`` exists (or a worker receives SIGUSR1), the job
     stops at the next epoch boundary after checkpointing.
@@ -172,8 +177,8 @@ class AttemptSpec:
                  f"must be 1-128 characters of letters, digits, '.', '_', '-', got {self.attempt_id!r}")
         _int_field(self, "world_size", 1)
         host, _, port = self.rendezvous.rpartition(":") if isinstance(self.rendezvous, str) else ("", "", "")
-        _require(bool(host) and port.isdigit() and 0 < int(port) < 65536, "rendezvous",
-                 f"must be 'host:port', got {self.rendezvous!r}")
+        _require(bool(host) and port.isdigit() and 0 <= int(port) < 65536, "rendezvous",
+                 f"must be 'host:port' (port 0: rank 0 picks it), got {self.rendezvous!r}")
         _require(isinstance(self.checkpoint_dir, str) and bool(self.checkpoint_dir), "checkpoint_dir",
                  f"must be a folder path, got {self.checkpoint_dir!r}")
         devices = tuple(self.devices) or ("cpu",) * self.world_size
@@ -193,6 +198,11 @@ class AttemptSpec:
     @property
     def port(self) -> int:
         return int(self.rendezvous.rpartition(":")[2])
+
+    @property
+    def rendezvous_file(self) -> str:
+        """Where rank 0 writes the ``host:port`` it bound when the rendezvous port is 0."""
+        return os.path.join(self.checkpoint_dir, f".rendezvous-{self.attempt_id}")
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -124,6 +124,12 @@ def init_distributed(attempt, rank: int):
         _publish(attempt.rendezvous_file, f"{host}:{store.port}")
     prefixed = dist.PrefixStore(attempt.attempt_id, store)
     backend = "gloo" if device.type == "cpu" else "nccl"
+    if backend == "gloo" and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        # gloo's own choice is the address the host name resolves to, often loopback: across
+        # hosts each rank must offer the interface its peers reach it on
+        interface = _interface_towards(host, port or store.port)
+        if interface:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
     kwargs = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, store=prefixed, rank=rank, world_size=attempt.world_size,
                             timeout=timeout, **kwargs)
@@ -133,6 +139,22 @@ def init_distributed(attempt, rank: int):
     global _STORE
     _STORE = prefixed
     return device
+
+
+def _interface_towards(host: str, port: int) -> str:
+    """Name of the local interface that packets to host leave by ("lo" for this machine itself; "" if none)."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))  # (UDP: nothing is sent, the kernel only picks the route)
+        local = s.getsockname()[0]
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):  # SIOCGIFADDR: the interface's IPv4 address
+                if socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))[20:24]) == local:
+                    return name
+    return ""  # (then gloo chooses)
 
 
 def _publish(path: str, endpoint: str) -> None:
