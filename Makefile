@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: all test demo protos etcd venv clean
+.PHONY: all test test-multihost demo protos etcd venv clean
 
 all: test
 
@@ -26,6 +26,11 @@ etcd:
 
 test: $(STAMP) etcd
 	$(BIN)/python -m pytest
+
+# Hosts as network namespaces (head, host-a, host-b; needs root and iproute2):
+# a job across two hosts, a lost host, etcd restarted mid-run.
+test-multihost: $(STAMP) etcd
+	$(BIN)/python -m pytest -m multihost tests/multihost
 
 demo: $(STAMP) etcd
 	$(BIN)/omru demo

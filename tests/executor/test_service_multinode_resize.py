@@ -13,13 +13,14 @@ def _epochs(events, job_id):
     return events.of(job_id, K.EXECUTOR_EVENT_KIND_EPOCH_DONE)
 
 
-async def test_a_job_spanning_two_executors_trains_as_one_world_across_both(registry, tmp_path, free_port):
+async def test_a_job_spanning_two_executors_trains_as_one_world_across_both(registry, tmp_path):
     async with executors(registry.address, tmp_path, ("n1", 1), ("n2", 1)) as (a, b):
         ev_a, ev_b = a.events(), b.events()
         shared = tmp_path / "shared-checkpoints"
         d = directive("d-span", START, tiny_job("span", epochs=2), [gpu("n1", 0), gpu("n2", 0)],
-                      rendezvous_endpoint=f"127.0.0.1:{free_port()}", attempt_id="span-a1", checkpoint_dir=str(shared))
-        # rank 1's node first: its worker waits in the rendezvous for rank 0
+                      rendezvous_endpoint="127.0.0.1:0", attempt_id="span-a1", checkpoint_dir=str(shared))
+        # as the planner sends it: port 0, rank 0 binds one and publishes it in the shared folder;
+        # rank 1's node first: its worker waits for that endpoint, then in the rendezvous for rank 0
         await b.start_job(d)
         await a.start_job(d)
         await ev_a.wait_for(is_event("span", K.EXECUTOR_EVENT_KIND_GPUS_RELEASED))
