@@ -320,7 +320,11 @@ class Packer:
 
     def _choice(self, grid: Grid, j: int, options, s: int):
         """(start, parts, shape) of the plan that starts earliest, then costs the least
-        GPU-seconds; within AREA_SLACK of that, the one that keeps the grid flattest."""
+        GPU-seconds; within AREA_SLACK of that (and one restart on one unit, the price of
+        growing rather than shrinking), the one that keeps the grid flattest, then the one
+        that starts on fewer units: its wide part runs later, on GPUs that jobs finishing
+        before it released, while the units it leaves free start the jobs that wait (they
+        finish sooner, the makespan is the same)."""
         tried = []
         for area, parts in options:
             shape = self._shape(grid, j, parts)
@@ -331,8 +335,9 @@ class Packer:
         first = min(t[0] for t in tried)
         tried = [t for t in tried if t[0] == first]
         cheapest = min(t[1] for t in tried)
-        near = [t for t in tried if t[1] <= cheapest * (1 + AREA_SLACK)]
-        at, _, parts, shape = min(near, key=lambda t: (grid.peak(t[3], t[0]), t[1]))
+        slack = cheapest * AREA_SLACK + self.rc * self.menus[j].gpus_per_unit
+        near = [t for t in tried if t[1] <= cheapest + slack]
+        at, _, parts, shape = min(near, key=lambda t: (grid.peak(t[3], t[0]), t[2][0][0], t[1]))
         return at, parts, shape
 
     def _bundles(self, small: list[tuple[float, int, int]]) -> list[Item]:
