@@ -134,13 +134,13 @@ def test_packer_units_are_gpus_on_one_node_and_nodes_on_several():
     assert (Packer(many).unit, Packer(many).units) == (4, 2)
 
 
-def test_a_mixed_job_starts_narrow_so_waiting_jobs_start_at_once_and_it_grows_onto_gpus_they_release():
+def test_omru_starts_a_mixed_job_narrow_so_waiting_jobs_start_at_once_and_it_grows_onto_gpus_they_release():
     # the demo's shape: one job that gains from a second GPU, four that do not
     r18 = {1: 6.5, 2: 4.3}
     jobs = (Job("long", 36, r18), Job("g", 4, {1: 5.0, 2: 5.05}), Job("r50", 2, {1: 15.5, 2: 15.6}),
             Job("b", 3, r18), Job("c", 2, r18))
     problem = PlanningInput(jobs, Cluster.of(2), resize_cost_s=3.0)
-    plan = packed(problem)
+    plan = omru.omru(problem)
     assert validate.violations(plan, problem) == []
     long = sorted((s for s in plan.segments if s.job == "long"), key=lambda s: s.start_s)
     assert [len(s.gpus) for s in long] == [1, 2], long  # narrow first, then wide

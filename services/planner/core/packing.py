@@ -182,6 +182,7 @@ class Packer:
         self.unit = self.K if self.by_node else 1  # GPUs per grid unit
         self.units = c.nodes if self.by_node else c.gpus
         self.rc = problem.resize_cost_s
+        self.narrow_first = False  # see _choice
         self.start_s = start_s
         self.epochs = [j.epochs for j in problem.jobs]
         self.not_before = not_before or [max(start_s, j.arrival_s) for j in problem.jobs]
@@ -320,11 +321,13 @@ class Packer:
 
     def _choice(self, grid: Grid, j: int, options, s: int):
         """(start, parts, shape) of the plan that starts earliest, then costs the least
-        GPU-seconds; within AREA_SLACK of that (and one restart on one unit, the price of
-        growing rather than shrinking), the one that keeps the grid flattest, then the one
-        that starts on fewer units: its wide part runs later, on GPUs that jobs finishing
-        before it released, while the units it leaves free start the jobs that wait (they
-        finish sooner, the makespan is the same)."""
+        GPU-seconds; within AREA_SLACK of that, the one that keeps the grid flattest.
+
+        With `narrow_first`, the slack also covers one restart on one unit (the
+        price of growing rather than shrinking), and among the flattest the plan
+        that starts on fewer units wins: its wide part runs later, on GPUs that
+        jobs finishing before it released, while the units it leaves free start
+        jobs that wait, so they finish sooner."""
         tried = []
         for area, parts in options:
             shape = self._shape(grid, j, parts)
@@ -335,9 +338,10 @@ class Packer:
         first = min(t[0] for t in tried)
         tried = [t for t in tried if t[0] == first]
         cheapest = min(t[1] for t in tried)
-        slack = cheapest * AREA_SLACK + self.rc * self.menus[j].gpus_per_unit
+        slack = cheapest * AREA_SLACK + (self.rc * self.menus[j].gpus_per_unit if self.narrow_first else 0.0)
         near = [t for t in tried if t[1] <= cheapest + slack]
-        at, _, parts, shape = min(near, key=lambda t: (grid.peak(t[3], t[0]), t[2][0][0], t[1]))
+        width = (lambda t: t[2][0][0]) if self.narrow_first else (lambda t: 0)
+        at, _, parts, shape = min(near, key=lambda t: (grid.peak(t[3], t[0]), width(t), t[1]))
         return at, parts, shape
 
     def _bundles(self, small: list[tuple[float, int, int]]) -> list[Item]:

@@ -13,7 +13,9 @@
    go first in the next round. Every job runs on as few nodes as its count
    allows, so the time planned is the time of the placement it gets. Last,
    the job that ends last grows onto nodes nothing uses any more while that
-   ends it earlier.
+   ends it earlier. Batches small enough for step 3 are also packed with
+   `Packer.narrow_first` (a job mixing two counts starts on the fewer and
+   grows onto GPUs that jobs ending before it release).
 3. List scheduling on the event engine (core/engine.py), on batches up to
    LIST_MAX jobs x GPUs: for targets T around T*, each job's count is the
    fewest GPUs on its hull that finish within T; jobs start longest first as
@@ -21,7 +23,8 @@
    that end last when that ends them earlier even after the resize cost
    (the wrap-around the fluid optimum does with fractions). On small
    batches every hull breakpoint is tried, then a local search.
-4. The plan with the least makespan wins (then fewer resizes).
+4. The plan with the least makespan wins (then fewer resizes, then the
+   earlier job completions).
 
 Both builders keep the validator's rules by construction: GPU ids, whole
 epochs, placement times, resize costs, arrivals and committed history.
@@ -128,18 +131,27 @@ def _makespans(sol: fluid.FluidSolution) -> list[float]:
 def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Plan:
     """The `omru` plan, optionally continuing from `committed` segments at `start_s`."""
     sol = fluid.solve(problem)
-    plans = [_packed(problem, sol, start_s, committed)]
-    if len(problem.jobs) * problem.cluster.gpus <= LIST_MAX:
+    small = len(problem.jobs) * problem.cluster.gpus <= LIST_MAX
+    plans = [_packed(problem, sol, start_s, committed, (False, True) if small else (False,))]
+    if small:
         plans.append(_listed(problem, sol, start_s, committed))
     return min(plans, key=_score)
 
 
-def _score(plan: Plan) -> tuple[float, int]:
-    return (plan.makespan_s if not plan.unplaced else float("inf"), resizes(plan))
+def _score(plan: Plan) -> tuple[float, int, float]:
+    """Least makespan (to the millisecond), then fewest resizes, then the jobs' completion times."""
+    if plan.unplaced:
+        return (float("inf"), 0, 0.0)
+    ends: dict[str, float] = {}
+    for s in plan.segments:
+        ends[s.job] = max(ends.get(s.job, 0.0), s.end_s)
+    return (round(plan.makespan_s, 3), resizes(plan), sum(ends.values()))
 
 
-def _packed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, committed) -> Plan:
-    """The best packing over targets f T* (module docstring, step 2)."""
+def _packed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, committed,
+            narrow_first: tuple[bool, ...] = (False,)) -> Plan:
+    """The best packing over targets f T* (module docstring, step 2), for each
+    `Packer.narrow_first` preference given."""
     index = {j.id: i for i, j in enumerate(problem.jobs)}
     busy = [start_s] * problem.cluster.gpus
     history: dict[int, tuple[tuple[int, ...], float]] = {}
@@ -152,6 +164,12 @@ def _packed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
             history[i] = (tuple(s.gpus), s.end_s)
             not_before[i] = max(not_before[i], s.end_s)
     packer = Packer(problem, start_s, busy, not_before, history)
+    return min((_targets(problem, sol, start_s, packer, narrow, busy) for narrow in narrow_first), key=_score)
+
+
+def _targets(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, packer: Packer, narrow: bool,
+             busy: list[float]) -> Plan:
+    packer.narrow_first = narrow
     best, below = None, 0.0
 
     def attempt(f: float) -> None:
@@ -180,13 +198,13 @@ def _packed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
 def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, committed) -> Plan:
     """The best list schedule (module docstring, step 3)."""
     n = len(problem.jobs)
-    tried: dict[tuple, tuple[tuple[float, int], Plan]] = {}
+    tried: dict[tuple, tuple[tuple[float, int, float], Plan]] = {}
 
     def lpt(targets: tuple[int, ...]) -> tuple[int, ...]:
         dur = [problem.jobs[j].duration(targets[j]) for j in range(n)]
         return tuple(sorted(range(n), key=lambda j: (-dur[j], problem.jobs[j].arrival_s, j)))
 
-    def attempt(targets: tuple[int, ...], order: tuple[int, ...], mode: tuple[bool, bool]) -> tuple[float, int]:
+    def attempt(targets: tuple[int, ...], order: tuple[int, ...], mode: tuple[bool, bool]) -> tuple[float, int, float]:
         key = (targets, order, mode)
         if key not in tried:
             plan = Engine(problem, _Omru(list(targets), list(order), sol.hulls, *mode), start_s=start_s,
