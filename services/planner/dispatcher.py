@@ -48,6 +48,9 @@ log = get_logger(__name__)
 
 Gpu = tuple[str, int]
 
+#: Plans whose makespans differ by less than this share count as equal (see policies/omru.py).
+MAKESPAN_TOLERANCE = 0.02
+
 
 # --- pure decisions ----------------------------------------------------------
 
@@ -234,7 +237,9 @@ class Dispatcher:
         self.prior_overhead_s = start_overhead_s
         self.overheads: list[float] = []
         self.seed = seed
-        self.policy_options = dict(policy_options or {})
+        # makespans within 2 % count as equal (policies that know the option): epoch times vary
+        # more than that from run to run, so such plans differ only in resizes and completions
+        self.policy_options = {"makespan_tolerance": MAKESPAN_TOLERANCE, **(policy_options or {})}
         self.learn_profiles = learn_profiles  # plan with the epoch times observed, not only the profiled ones
         self.nodes: dict[str, object] = {}  # node_id -> registry Node
         self.gpu_total = 0

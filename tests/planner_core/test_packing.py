@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
 import pytest
 
 from services.planner.core import fluid, simulator, validate
-from services.planner.core.model import Cluster, Job, Plan, PlanningInput, Segment
+from services.planner.core.model import Cluster, Job, Plan, PlanningError, PlanningInput, Segment
 from services.planner.core.packing import Grid, Menu, Packer, grow_tail, plans
 from services.planner.core.policies import omru
 from core_builders import random_jobs, rich_instance
@@ -148,3 +149,25 @@ def test_omru_starts_a_mixed_job_narrow_so_waiting_jobs_start_at_once_and_it_gro
     assert min(s.start_s for s in others) == 0.0  # a waiting job starts beside it at once
     assert long[1].start_s >= max(s.end_s for s in others)  # it grows once they released their GPU
     assert plan.makespan_s <= fluid.solve(problem).T * 1.02
+
+
+def test_omru_makespan_tolerance_trades_a_near_equal_makespan_for_earlier_completions_and_names_a_bad_value():
+    # the demo as the planner service sees it: a start overhead of 4 s spread over each job's epochs
+    r18 = {1: 6.5, 2: 4.3}
+    spec = [("long", 36, r18), ("g", 4, {1: 5.0, 2: 5.05}), ("r50", 2, {1: 15.5, 2: 15.65}), ("b", 3, r18), ("c", 2, r18)]
+    jobs = tuple(Job(i, e, {g: t + 4.0 / e for g, t in p.items()}) for i, e, p in spec)
+    problem = PlanningInput(jobs, Cluster.of(2), resize_cost_s=4.0)
+
+    def completions(plan):
+        ends = {}
+        for s in plan.segments:
+            ends[s.job] = max(ends.get(s.job, 0.0), s.end_s)
+        return sum(ends.values())
+
+    exact = omru.omru(problem)
+    tolerant = omru.omru(dataclasses.replace(problem, options={"makespan_tolerance": 0.02}))
+    assert validate.violations(tolerant, problem) == []
+    assert exact.makespan_s <= tolerant.makespan_s <= exact.makespan_s * 1.02
+    assert completions(tolerant) < completions(exact)
+    with pytest.raises(PlanningError, match="makespan_tolerance.*1.5"):
+        omru.omru(dataclasses.replace(problem, options={"makespan_tolerance": 1.5}))

@@ -24,7 +24,10 @@
    (the wrap-around the fluid optimum does with fractions). On small
    batches every hull breakpoint is tried, then a local search.
 4. The plan with the least makespan wins (then fewer resizes, then the
-   earlier job completions).
+   earlier job completions). Option `makespan_tolerance` (a share, default
+   0): makespans within it of the least count as equal (the planner service
+   sets it: measured epoch times are not exact to a percent, and plans that
+   differ by less only trade resizes and later completions for noise).
 
 Both builders keep the validator's rules by construction: GPU ids, whole
 epochs, placement times, resize costs, arrivals and committed history.
@@ -135,7 +138,14 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
     plans = [_packed(problem, sol, start_s, committed, (False, True) if small else (False,))]
     if small:
         plans.append(_listed(problem, sol, start_s, committed))
-    return min(plans, key=_score)
+    best = min(plans, key=_score)
+    tolerance = problem.options.get("makespan_tolerance", 0.0)
+    if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+        raise PlanningError(f"omru: makespan_tolerance must be a share in [0, 1), got {tolerance!r}")
+    if tolerance and not best.unplaced:  # makespans this close count as equal
+        near = [p for p in plans if not p.unplaced and p.makespan_s <= best.makespan_s * (1 + tolerance)]
+        best = min(near, key=lambda p: _score(p)[1:])
+    return best
 
 
 def _score(plan: Plan) -> tuple[float, int, float]:
