@@ -133,15 +133,15 @@ def _makespans(sol: fluid.FluidSolution) -> list[float]:
 
 def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Plan:
     """The `omru` plan, optionally continuing from `committed` segments at `start_s`."""
+    tolerance = problem.options.get("makespan_tolerance", 0.0)
+    if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+        raise PlanningError(f"omru: makespan_tolerance must be a share in [0, 1), got {tolerance!r}")
     sol = fluid.solve(problem)
     small = len(problem.jobs) * problem.cluster.gpus <= LIST_MAX
     plans = [_packed(problem, sol, start_s, committed, (False, True) if small else (False,))]
     if small:
         plans.append(_listed(problem, sol, start_s, committed))
     best = min(plans, key=_score)
-    tolerance = problem.options.get("makespan_tolerance", 0.0)
-    if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
-        raise PlanningError(f"omru: makespan_tolerance must be a share in [0, 1), got {tolerance!r}")
     if tolerance and not best.unplaced:  # makespans this close count as equal
         near = [p for p in plans if not p.unplaced and p.makespan_s <= best.makespan_s * (1 + tolerance)]
         best = min(near, key=lambda p: _score(p)[1:])
