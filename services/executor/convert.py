@@ -51,12 +51,6 @@ def _problem(problem) -> None:
         raise DirectiveError(*problem)
 
 
-def _port_zero(endpoint: str) -> bool:
-    """host:0 (a rendezvous whose port rank 0 picks; see AttemptSpec)."""
-    host, _, port = endpoint.rpartition(":")
-    return bool(host) and port == "0"
-
-
 def train_spec(job: common_pb2.JobSpec, field: str = "directive.job") -> TrainSpec:
     """The TrainSpec of a JobSpec (see the module docstring for the 0 defaults)."""
     min_gpus = job.min_gpus or 1
@@ -95,8 +89,8 @@ def directive(d: executor_pb2.Directive, rpc_kind: int | None = None) -> Directi
         return Directive(d.directive_id, DirectiveKind.STOP, d.job.job_id)
     spec = train_spec(d.job)
     _problem(validation.gpu_refs_problem("directive.gpus", d.gpus))
-    if d.rendezvous_endpoint and not _port_zero(d.rendezvous_endpoint):  # port 0: rank 0 picks it
-        _problem(validation.address_problem("directive.rendezvous_endpoint", d.rendezvous_endpoint))
+    if d.rendezvous_endpoint:  # port 0: rank 0 picks it (see AttemptSpec)
+        _problem(validation.address_problem("directive.rendezvous_endpoint", d.rendezvous_endpoint, port_zero=True))
     if d.attempt_id:
         _problem(validation.id_problem("directive.attempt_id", d.attempt_id))
     profile = profile_spec(d.profile) if d.HasField("profile") else None

@@ -27,12 +27,12 @@ def id_problem(field: str, value: str) -> Problem:
     return None
 
 
-def address_problem(field: str, value: str) -> Problem:
-    """Missing or malformed host:port."""
+def address_problem(field: str, value: str, port_zero: bool = False) -> Problem:
+    """Missing or malformed host:port (port 0 allowed with `port_zero`: a port picked later)."""
     if not value:
         return field, "is required"
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+    if not sep or not host or not port.isdigit() or not (0 if port_zero else 1) <= int(port) <= 65535:
         return field, f"{value!r} is not host:port"
     return None
 

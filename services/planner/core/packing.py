@@ -340,8 +340,7 @@ class Packer:
         cheapest = min(t[1] for t in tried)
         slack = cheapest * AREA_SLACK + (self.rc * self.menus[j].gpus_per_unit if self.narrow_first else 0.0)
         near = [t for t in tried if t[1] <= cheapest + slack]
-        width = (lambda t: t[2][0][0]) if self.narrow_first else (lambda t: 0)
-        at, _, parts, shape = min(near, key=lambda t: (grid.peak(t[3], t[0]), width(t), t[1]))
+        at, _, parts, shape = min(near, key=lambda t: (grid.peak(t[3], t[0]), t[2][0][0] if self.narrow_first else 0, t[1]))
         return at, parts, shape
 
     def _bundles(self, small: list[tuple[float, int, int]]) -> list[Item]:
