@@ -60,6 +60,22 @@ def test_omru_is_within_2_percent_of_lb_fluid_and_never_worse_than_omru_ga_on_th
     assert plan.makespan_s / 60 <= float(ga["makespan_min"])
 
 
+def test_omru_runs_the_jobs_that_scale_well_wide_and_first_so_one_epoch_jobs_get_the_counts_they_need():
+    # Two one-epoch jobs (no resize can help them: 405 s on 2 GPUs, 210 s on 4) beside two
+    # 60-epoch jobs that scale almost linearly to a node. Starting all four at once on 2 GPUs
+    # each ends at 405 s; the elastic jobs on a node each first (72 s), then the one-epoch jobs
+    # on a node each, end at 282 s, 2.6 % above LB_fluid (275 s).
+    rigid = dict(enumerate([800, 405, 300, 210, 205, 200, 198, 196], 1))
+    elastic = dict(enumerate([4.5, 2.3, 1.55, 1.2, 1.1, 0.9, 0.75, 0.65], 1))
+    jobs = [Job(f"rigid{i}", 1, rigid) for i in range(2)] + [Job(f"elastic{i}", 60, elastic) for i in range(2)]
+    p = PlanningInput(tuple(jobs), Cluster(2, 4), resize_cost_s=5.0)
+    plan = validate.check(registry.plan("omru", p), p)
+    assert plan.makespan_s <= 1.03 * fluid.solve(p).T
+    for s in plan.segments:
+        if s.job.startswith("rigid"):
+            assert len(s.gpus) == 4 and len({g // 4 for g in s.gpus}) == 1
+
+
 def test_validator_rejects_a_restart_on_new_gpus_that_does_not_pay_the_resize_cost():
     p = PlanningInput((Job("a", 2, {1: 10.0, 2: 6.0}),), Cluster.of(2), resize_cost_s=30.0)
     cheap = Plan("x", (Segment("a", 0, 10, (0,), 1), Segment("a", 10, 16, (0, 1), 1)))

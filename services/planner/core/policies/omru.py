@@ -17,12 +17,18 @@
    `Packer.narrow_first` (a job mixing two counts starts on the fewer and
    grows onto GPUs that jobs ending before it release).
 3. List scheduling on the event engine (core/engine.py), on batches up to
-   LIST_MAX jobs x GPUs: for targets T around T*, each job's count is the
-   fewest GPUs on its hull that finish within T; jobs start longest first as
-   GPUs come free; once nothing waits, free GPUs go to the running jobs
-   that end last when that ends them earlier even after the resize cost
-   (the wrap-around the fluid optimum does with fractions). On small
-   batches every hull breakpoint is tried, then a local search.
+   LIST_MAX jobs x GPUs: for targets T around T*, each job starts on the
+   fewest GPUs on its hull that finish what it has left by T (counted from
+   when it starts: a job that starts late starts wider; if none can, the
+   count that ends it first given when running jobs release GPUs), in one
+   of two kinds of order: longest first, or least compressible first (by
+   its time at the widest hull count that costs at most a few per cent more
+   GPU-seconds: jobs that cannot catch up by running wide start first, jobs
+   that can fill what the others leave). Once nothing waits, free GPUs go
+   to the running jobs that end last when that ends them earlier even
+   after the resize cost (the wrap-around the fluid optimum does with
+   fractions). On small batches every hull breakpoint is tried, then a
+   local search from the best start of each kind of order.
 4. The plan with the least makespan wins (then fewer resizes, then the
    earlier job completions). Option `makespan_tolerance` (a share, default
    0): makespans within it of the least count as equal (the planner service
@@ -37,6 +43,7 @@ whose passes grow with jobs x running jobs, is left out there.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from services.planner.core import fluid
@@ -59,6 +66,8 @@ LIST_MAX = 300_000
 FACTORS = (1.0, 1.02, 1.05, 1.1, 1.2, 1.35, 1.6, 2.0, 3.0)
 #: Below this many hull breakpoints near T*, every one of them is tried.
 EXHAUSTIVE_BREAKPOINTS = 120
+#: Shares a job's area may grow by when it runs wide to catch up (the `stiff` orders).
+SQUEEZES = (0.05, 0.1, 0.2)
 #: A resize must shorten the job's remaining time by at least this share.
 MIN_GAIN = 0.01
 #: Batches with more jobs x GPUs than this try only BIG_FACTORS and no local search.
@@ -75,7 +84,8 @@ class _Omru:
     targets: list[int]
     order: list[int]
     hulls: tuple[fluid.Hull, ...]
-    fit: bool
+    deadline: float  # the target makespan, as a time
+    fit: bool = False
     hull_only: bool = False
     quantum_s: float | None = None
 
@@ -88,13 +98,32 @@ class _Omru:
                 break
             if j not in waiting:
                 continue
-            g = self.targets[j]
+            g = max(self.targets[j], self._within(e, j, self.deadline - e.now))
             if g <= e.free_count:
                 e.start(j, g)
             elif self.fit and 2 * e.free_count >= g:
                 e.start(j, e.free_count)
         if e.free_count and not (waiting and e.waiting()):
             self._grow(e)
+
+    def _within(self, e: Engine, j: int, window: float) -> int:
+        """Fewest GPUs on job j's hull that finish its remaining epochs within `window`."""
+        counts = self.hulls[j].counts
+        for c in counts:
+            if e.remaining[j] * e.tau(j, c) <= window * (1 + 1e-12):
+                return c
+        # None does: the count that ends it first, given when running jobs release GPUs.
+        frees = sorted((r.end, len(r.gpus)) for r in e.running.values())
+        best, best_end = counts[0], float("inf")
+        for c in counts:
+            have, at = e.free_count, e.now
+            for t, k in frees:
+                if have >= c:
+                    break
+                have, at = have + k, t
+            if have >= c and at + e.remaining[j] * e.tau(j, c) < best_end:
+                best, best_end = c, at + e.remaining[j] * e.tau(j, c)
+        return best
 
     def _grow(self, e: Engine) -> None:
         # The job that ends last first; growing one job does not move the others' ends.
@@ -214,8 +243,8 @@ def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
         dur = [problem.jobs[j].duration(targets[j]) for j in range(n)]
         return tuple(sorted(range(n), key=lambda j: (-dur[j], problem.jobs[j].arrival_s, j)))
 
-    def attempt(targets: tuple[int, ...], order: tuple[int, ...], mode: tuple[bool, bool]) -> tuple[float, int, float]:
-        key = (targets, order, mode)
+    def attempt(targets: tuple[int, ...], order: tuple[int, ...], mode: tuple[float, bool, bool]) -> tuple:
+        key = (targets, order, mode)  # mode: (deadline, fit, hull_only)
         if key not in tried:
             plan = Engine(problem, _Omru(list(targets), list(order), sol.hulls, *mode), start_s=start_s,
                           committed=committed).run("omru")
@@ -223,14 +252,41 @@ def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
         return tried[key][0]
 
     big = n * problem.cluster.gpus > BIG
+    # Orders: longest first at the target counts, and least compressible first (by the time
+    # at the widest hull count within a squeeze of the least area), one family each.
+    stiff = []
+    for sq in SQUEEZES:
+        least = [min(t for t, a in zip(h.times, h.areas) if a <= h.areas[0] * (1 + sq)) for h in sol.hulls]
+        order = tuple(sorted(range(n), key=lambda j: (-least[j], problem.jobs[j].arrival_s, j)))
+        if order not in stiff:
+            stiff.append(order)
+    starts: dict[int, tuple] = {}  # order family -> its best (targets, order, mode)
+
+    def keep(family: int, key: tuple) -> None:
+        if family not in starts or tried[key][0] < tried[starts[family]][0]:
+            starts[family] = key
+
     for T in _makespans(sol) if not big else [sol.T * f for f in BIG_FACTORS]:
         targets = tuple(_target(h, T) for h in sol.hulls)
-        for mode in MODES if not big else MODES[:2]:
-            attempt(targets, lpt(targets), mode)
-    # Local search on small batches: one job's count, or two jobs' places in the order,
-    # the jobs that end last first.
-    budget = 0 if big else LOCAL_SEARCH_RUNS // max(1, n)
-    (targets, order, mode), (score, plan) = min(tried.items(), key=lambda kv: kv[1][0])
+        for variant in MODES if not big else MODES[:2]:
+            # without and with the deadline T (the first: counts fixed by the targets alone)
+            for family, (order, deadline) in enumerate([(lpt(targets), math.inf), (lpt(targets), start_s + T)]
+                                                       + [(o, start_s + T) for o in stiff]):
+                attempt(targets, order, (deadline,) + variant)
+                keep(family, (targets, order, (deadline,) + variant))
+    if not big:
+        for key in starts.values():
+            _descend(problem, sol, tried, attempt, key, LOCAL_SEARCH_RUNS // n)
+    return min(tried.values(), key=lambda v: v[0])[1]
+
+
+def _descend(problem: PlanningInput, sol: fluid.FluidSolution, tried: dict, attempt, key: tuple,
+             budget: int) -> None:
+    """Local search from `key` (targets, order, mode): one job's count, or two jobs' places in
+    the order, the jobs that end last first; the first move that scores better is taken."""
+    n = len(problem.jobs)
+    targets, order, mode = key
+    score, plan = tried[key]
     improved = True
     while improved and budget > 0:
         improved = False
@@ -249,7 +305,6 @@ def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
                 score, targets, order, improved = s, cand_targets, cand_order, True
                 plan = tried[(targets, order, mode)][1]
                 break
-    return min(tried.values(), key=lambda v: v[0])[1]
 
 
 def _swap(order: tuple[int, ...], i: int, k: int) -> tuple[int, ...]:
