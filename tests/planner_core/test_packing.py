@@ -103,11 +103,29 @@ def test_the_job_that_ends_last_grows_onto_a_node_left_idle():
     short = Job("short", 10, {g: 40.0 / g for g in range(1, 9)})
     p = PlanningInput((long, short), Cluster(2, 4), resize_cost_s=30.0)
     plan = [Segment("long", 0.0, 1000.0, (0, 1, 2, 3), 100), Segment("short", 0.0, 100.0, (4, 5, 6, 7), 10)]
-    grown = grow_tail(p, plan, 4, [0.0] * 8, rounds=8)
+    grown = grow_tail(p, plan, [0.0] * 8, rounds=8)
     assert validate.violations(Plan("x", tuple(grown)), p) == []
     last = [s for s in grown if s.job == "long"]
     assert len(last) == 2 and last[1].gpus == tuple(range(8)) and last[1].start_s == pytest.approx(100.0)
     assert max(s.end_s for s in grown) == pytest.approx(100.0 + 30.0 + 90 * 5.0)
+
+
+def test_a_job_on_part_of_a_node_grows_onto_the_rest_of_it_waiting_for_the_gpus_when_that_pays():
+    # "tail" runs on GPU 0; "other" holds GPUs 1-3 until 250 s, node 1 is busy until 900 s.
+    # Stopping after 2 epochs (200 s) and starting on all of node 0 at 250 s ends at
+    # 250 + 30 + 8 x 25 = 480 s, earlier than going on at the next boundary (300 s: 505 s)
+    # or staying on 1 GPU (1,000 s).
+    tail = Job("tail", 10, {g: 100.0 / g for g in range(1, 9)})
+    other = Job("other", 1, {g: 750.0 / g for g in range(1, 9)})
+    busy = Job("busy", 1, {g: 3600.0 / g for g in range(1, 9)})
+    p = PlanningInput((tail, other, busy), Cluster(2, 4), resize_cost_s=30.0)
+    plan = [Segment("tail", 0.0, 1000.0, (0,), 10), Segment("other", 0.0, 250.0, (1, 2, 3), 1),
+            Segment("busy", 0.0, 900.0, (4, 5, 6, 7), 1)]
+    grown = grow_tail(p, plan, [0.0] * 8, rounds=1)
+    assert validate.violations(Plan("x", tuple(grown)), p) == []
+    first, second = sorted((s for s in grown if s.job == "tail"), key=lambda s: s.start_s)
+    assert (first.end_s, first.epochs) == (200.0, 2)
+    assert second.gpus == (0, 1, 2, 3) and second.start_s == 250.0 and second.end_s == pytest.approx(480.0)
 
 
 def test_growing_that_would_not_pay_its_resize_cost_is_left_out():
@@ -115,7 +133,7 @@ def test_growing_that_would_not_pay_its_resize_cost_is_left_out():
     short = Job("short", 10, {g: 40.0 / g for g in range(1, 9)})
     p = PlanningInput((long, short), Cluster(2, 4), resize_cost_s=10_000.0)
     plan = [Segment("long", 0.0, 1000.0, (0, 1, 2, 3), 100), Segment("short", 0.0, 100.0, (4, 5, 6, 7), 10)]
-    assert grow_tail(p, plan, 4, [0.0] * 8, rounds=8) == plan
+    assert grow_tail(p, plan, [0.0] * 8, rounds=8) == plan
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -22,7 +22,7 @@ the placement it gets.
 Bucket rounding only makes the grid pessimistic: `Packer.segments` places
 each part in the grid's order on the units it was given, as early as its
 GPUs, its job and its arrival allow, never later than planned. `grow_tail`
-then lets the job that ends last grow onto nodes nothing uses any more.
+then lets the job that ends last grow onto GPUs nothing uses any more.
 """
 
 from __future__ import annotations
@@ -441,15 +441,17 @@ class Packer:
         return Segment(job.id, start, end, gpus, epochs)
 
 
-def grow_tail(problem: PlanningInput, segments: list[Segment], unit: int, busy_until: list[float],
+def grow_tail(problem: PlanningInput, segments: list[Segment], busy_until: list[float],
               rounds: int) -> list[Segment]:
-    """Shorten a plan from its end: the job that ends last grows, at an epoch boundary of its
-    last segment, onto whole units of `unit` GPUs that nothing uses from then on, when that
-    ends it earlier after the resize cost. Repeats while the makespan falls, `rounds` at most.
+    """Shorten a plan from its end: the job that ends last moves, after some epochs of its last
+    segment, onto more GPUs that nothing uses from then on (its own, and others that come free;
+    up to a node's worth on one node, or whole nodes), pausing until they are free when that
+    pays, if that ends it earlier after the resize cost. Repeats while the makespan falls,
+    `rounds` at most.
     """
     segs = list(segments)
-    G = problem.cluster.gpus
-    n_units = G // unit
+    c = problem.cluster
+    K = c.gpus_per_node
     jobs = {j.id: j for j in problem.jobs}
     for _ in range(rounds):
         if not segs:
@@ -457,33 +459,43 @@ def grow_tail(problem: PlanningInput, segments: list[Segment], unit: int, busy_u
         last = max(range(len(segs)), key=lambda i: segs[i].end_s)
         s = segs[last]
         job = jobs[s.job]
-        own = set(s.gpus)
         free_at = list(busy_until)
         for other in segs:
             if other is not s:
                 for g in other.gpus:
                     free_at[g] = max(free_at[g], other.end_s)
-        mine = {g // unit for g in own}
-        idle = sorted((max(free_at[g] for g in range(u * unit, (u + 1) * unit)), u)
-                      for u in range(n_units) if u not in mine)
-        tau = job.epoch_seconds(len(s.gpus), problem.cluster.nodes_spanned(s.gpus))
-        first = s.end_s - s.epochs * tau  # when its first epoch starts
-        spanned = problem.cluster.nodes_spanned(s.gpus)
+        tau = job.epoch_seconds(len(s.gpus), c.nodes_spanned(s.gpus))
+        paid = problem.resize_cost_s if s.end_s - s.start_s - s.epochs * tau > problem.resize_cost_s / 2 else 0.0
+        first = s.start_s + paid  # when its first epoch starts
+        for g in s.gpus:
+            free_at[g] = first  # its own: free once it stops
         best = None
-        for f in range(1, len(idle) + 1):
-            k = max(1, math.ceil((idle[f - 1][0] - first) / tau - 1e-9))
-            if k >= s.epochs:
-                break
-            g = len(s.gpus) + f * unit
-            nodes = spanned + f if problem.cluster.nodes > 1 else 1
-            at = first + k * tau
-            end = at + problem.resize_cost_s + (s.epochs - k) * job.epoch_seconds(g, nodes)
-            if end < s.end_s * (1 - 1e-9) and (best is None or end < best[0]):
-                best = (end, k, at, f)
+        for gpus, ready in _wider(free_at, len(s.gpus), K, c.nodes):
+            t_new = job.epoch_seconds(len(gpus), c.nodes_spanned(gpus))
+            done = max(1, math.floor((ready - first) / tau + 1e-9))
+            for k in (done, done + 1):  # stop at the boundary before it is ready and wait, or after
+                if k >= s.epochs:
+                    continue
+                at = max(s.start_s + paid + k * tau, ready)
+                end = at + problem.resize_cost_s + (s.epochs - k) * t_new
+                if end < s.end_s * (1 - 1e-9) and (best is None or end < best[0]):
+                    best = (end, k, at, gpus)
         if best is None:
             break
-        end, k, at, f = best
-        extra = [x for _, u in idle[:f] for x in range(u * unit, (u + 1) * unit)]
-        segs[last] = Segment(s.job, s.start_s, at, s.gpus, k)
-        segs.append(Segment(s.job, at, end, tuple(sorted(own | set(extra))), s.epochs - k))
+        end, k, at, gpus = best
+        segs[last] = Segment(s.job, s.start_s, s.start_s + paid + k * tau, s.gpus, k)
+        segs.append(Segment(s.job, at, end, gpus, s.epochs - k))
     return segs
+
+
+def _wider(free_at: list[float], g: int, K: int, nodes: int):
+    """(GPUs, when all are free) for every count above g: on one node up to K GPUs (the
+    earliest free of each node), whole nodes beyond (the earliest free nodes)."""
+    per_node = [sorted((free_at[x], x) for x in range(n * K, (n + 1) * K)) for n in range(nodes)]
+    for count in range(g + 1, K + 1):
+        n = min(range(nodes), key=lambda m: (per_node[m][count - 1][0], m))
+        yield tuple(sorted(x for _, x in per_node[n][:count])), per_node[n][count - 1][0]
+    by_ready = sorted(range(nodes), key=lambda m: (per_node[m][-1][0], m))
+    for m in range(max(2, -(-(g + 1) // K)), nodes + 1):
+        chosen = by_ready[:m]
+        yield tuple(sorted(x for n in chosen for x in range(n * K, (n + 1) * K))), max(per_node[n][-1][0] for n in chosen)

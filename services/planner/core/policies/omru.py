@@ -12,8 +12,9 @@
    served best by part of a node share nodes in bundles. Items that end late
    go first in the next round. Every job runs on as few nodes as its count
    allows, so the time planned is the time of the placement it gets. Last,
-   the job that ends last grows onto nodes nothing uses any more while that
-   ends it earlier. Batches small enough for step 3 are also packed with
+   the job that ends last grows onto GPUs nothing uses any more (on its
+   node, or whole nodes) while that ends it earlier (packing.grow_tail; the
+   list schedules of step 3 get the same). Batches small enough for step 3 are also packed with
    `Packer.narrow_first` (a job mixing two counts starts on the fewer and
    grows onto GPUs that jobs ending before it release).
 3. List scheduling on the event engine (core/engine.py), on batches up to
@@ -43,6 +44,7 @@ whose passes grow with jobs x running jobs, is left out there.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -56,7 +58,7 @@ from services.planner.core.registry import register
 PACK_FACTORS = (1.0, 1.01, 1.02, 1.03, 1.05, 1.08, 1.12, 1.2, 1.35, 1.6, 2.0, 3.0)
 #: Packing rounds per target (items that end late move to the front).
 PACK_ROUNDS = 8
-#: Times the job that ends a packing last may grow onto nodes left idle (packing.grow_tail).
+#: Times the job that ends a plan last may grow onto GPUs left idle (packing.grow_tail).
 GROW_ROUNDS = 64
 #: A packing that ends this share after its target missed it.
 PACK_MISS = 0.002
@@ -169,7 +171,9 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
     small = len(problem.jobs) * problem.cluster.gpus <= LIST_MAX
     plans = [_packed(problem, sol, start_s, committed, (False, True) if small else (False,))]
     if small:
-        plans.append(_listed(problem, sol, start_s, committed))
+        listed = _listed(problem, sol, start_s, committed)
+        grown = grow_tail(problem, listed.segments, _busy(problem, start_s, committed), GROW_ROUNDS)
+        plans.append(dataclasses.replace(listed, segments=tuple(grown)))
     best = min(plans, key=_score)
     if tolerance and not best.unplaced:  # makespans this close count as equal
         near = [p for p in plans if not p.unplaced and p.makespan_s <= best.makespan_s * (1 + tolerance)]
@@ -187,17 +191,24 @@ def _score(plan: Plan) -> tuple[float, int, float]:
     return (round(plan.makespan_s, 3), resizes(plan), sum(ends.values()))
 
 
+def _busy(problem: PlanningInput, start_s: float, committed) -> list[float]:
+    """When each GPU is free of the committed segments."""
+    busy = [start_s] * problem.cluster.gpus
+    for s in committed:
+        for g in s.gpus:
+            busy[g] = max(busy[g], s.end_s)
+    return busy
+
+
 def _packed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, committed,
             narrow_first: tuple[bool, ...] = (False,)) -> Plan:
     """The best packing over targets f T* (module docstring, step 2), for each
     `Packer.narrow_first` preference given."""
     index = {j.id: i for i, j in enumerate(problem.jobs)}
-    busy = [start_s] * problem.cluster.gpus
+    busy = _busy(problem, start_s, committed)
     history: dict[int, tuple[tuple[int, ...], float]] = {}
     not_before = [max(start_s, j.arrival_s) for j in problem.jobs]
     for s in committed:
-        for g in s.gpus:
-            busy[g] = max(busy[g], s.end_s)
         i = index.get(s.job)
         if i is not None and (i not in history or s.end_s >= history[i][1]):
             history[i] = (tuple(s.gpus), s.end_s)
@@ -214,7 +225,7 @@ def _targets(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, p
     def attempt(f: float) -> None:
         nonlocal best, below
         grid, items = packer.pack(f * sol.T, PACK_ROUNDS)
-        segments = grow_tail(problem, packer.segments(grid, items), packer.unit, busy, GROW_ROUNDS)
+        segments = grow_tail(problem, packer.segments(grid, items), busy, GROW_ROUNDS)
         plan = Plan("omru", tuple(segments))
         if best is None or _score(plan) < _score(best):
             best = plan
