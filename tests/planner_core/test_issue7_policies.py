@@ -8,7 +8,7 @@ import random
 import pytest
 
 from services.planner.core import bounds, fluid, profiles, registry, simulator, validate
-from services.planner.core.engine import resizes
+from services.planner.core.engine import Engine, resizes
 from services.planner.core.model import Cluster, Job, Plan, PlanningError, PlanningInput, Segment
 from core_builders import example_problem, random_jobs, reference_rows, rich_instance
 
@@ -74,6 +74,27 @@ def test_omru_runs_the_jobs_that_scale_well_wide_and_first_so_one_epoch_jobs_get
     for s in plan.segments:
         if s.job.startswith("rigid"):
             assert len(s.gpus) == 4 and len({g // 4 for g in s.gpus}) == 1
+
+
+def test_a_job_started_for_some_of_its_epochs_waits_again_then_and_its_next_start_pays_the_restart():
+    class WideFirst:  # 2 epochs on 4 GPUs, then the rest on 2
+        quantum_s = None
+
+        def __init__(self):
+            self.calls = 0
+
+        def step(self, e):
+            if 0 in e.waiting():
+                self.calls += 1
+                e.start(0, 4, 2) if self.calls == 1 else e.start(0, 2)
+
+    p = PlanningInput((Job("a", 5, {1: 40.0, 2: 20.0, 3: 14.0, 4: 10.0}),), Cluster(1, 4), resize_cost_s=7.0)
+    plan = Engine(p, WideFirst()).run("wide-first")
+    assert validate.violations(plan, p) == []
+    first, second = sorted(plan.segments, key=lambda s: s.start_s)
+    assert (len(first.gpus), first.epochs, first.end_s) == (4, 2, 20.0)
+    assert (len(second.gpus), second.epochs, second.start_s) == (2, 3, 20.0)
+    assert second.end_s == pytest.approx(20.0 + 7.0 + 3 * 20.0)
 
 
 def test_validator_rejects_a_restart_on_new_gpus_that_does_not_pay_the_resize_cost():

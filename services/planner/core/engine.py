@@ -151,8 +151,9 @@ class Engine:
 
     # ------------------------------------------------------------ actions
 
-    def start(self, j: int, g: int) -> bool:
-        """Start waiting job j on g free GPUs now; False if g GPUs are not free."""
+    def start(self, j: int, g: int, epochs: int | None = None) -> bool:
+        """Start waiting job j on g free GPUs now, for `epochs` of its epochs (all that are
+        left if None; it waits again after them); False if g GPUs are not free."""
         if j in self.running or self.remaining[j] <= 0 or g > self.free_count or g <= 0:
             return False
         prev = self.last[j]
@@ -161,7 +162,7 @@ class Engine:
                 and all(self.holder[x] == -1 and x in self.node_free[x // self.K] for x in prev[0]):
             keep = prev[0]
         gpus = self._pick(g, keep=keep)
-        self._open(j, gpus, self.now, self.remaining[j])
+        self._open(j, gpus, self.now, min(epochs or self.remaining[j], self.remaining[j]))
         return True
 
     def resize(self, j: int, g: int) -> float | None:
@@ -252,6 +253,8 @@ class Engine:
             self._emit(r)
             for x in r.gpus:
                 self._release(x, r.end)
+            if self.remaining[j] > 0:  # it ran only part of its epochs: it waits again
+                self._idle.add(j)
         while self._pending and self._pending[0][0] <= self.now + tol:
             _, x = heapq.heappop(self._pending)
             if self.holder[x] == -1 and x not in self.node_free[x // self.K]:

@@ -25,16 +25,21 @@
    of two kinds of order: longest first, or least compressible first (by
    its time at the widest hull count that costs at most a few per cent more
    GPU-seconds: jobs that cannot catch up by running wide start first, jobs
-   that can fill what the others leave). Once nothing waits, free GPUs go
-   to the running jobs that end last when that ends them earlier even
-   after the resize cost (the wrap-around the fluid optimum does with
-   fractions). On small batches every hull breakpoint is tried, then a
-   local search from the best start of each kind of order.
+   that can fill what the others leave). In the `mix` variant a job that
+   must run wider than its target runs only the epochs it needs there, then
+   the rest on the hull count below (the fluid mix, wide part first). Once
+   nothing waits, free GPUs go to the running jobs that end last when that
+   ends them earlier even after the resize cost (the wrap-around the fluid
+   optimum does with fractions). The sweep over targets, orders and
+   variants, most promising first, then a local search from the best start
+   of each family, share a budget of engine passes that falls with the
+   batch's size (RUNS).
 4. The plan with the least makespan wins (then fewer resizes, then the
    earlier job completions). Option `makespan_tolerance` (a share, default
-   0): makespans within it of the least count as equal (the planner service
-   sets it: measured epoch times are not exact to a percent, and plans that
-   differ by less only trade resizes and later completions for noise).
+   0): makespans within it of the least count as equal, among the packings
+   and every list schedule tried (the planner service sets it: measured
+   epoch times are not exact to a percent, and plans that differ by less
+   only trade resizes and later completions for noise).
 
 Both builders keep the validator's rules by construction: GPU ids, whole
 epochs, placement times, resize costs, arrivals and committed history.
@@ -45,8 +50,9 @@ whose passes grow with jobs x running jobs, is left out there.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.planner.core import fluid
 from services.planner.core.engine import EPS, Engine, resizes
@@ -72,13 +78,19 @@ EXHAUSTIVE_BREAKPOINTS = 120
 SQUEEZES = (0.05, 0.1, 0.2)
 #: A resize must shorten the job's remaining time by at least this share.
 MIN_GAIN = 0.01
-#: Batches with more jobs x GPUs than this try only BIG_FACTORS and no local search.
-BIG = 50_000
-BIG_FACTORS = (1.0, 1.1, 1.3)
-#: Engine passes the local search may spend, divided by the number of jobs.
-LOCAL_SEARCH_RUNS = 4000
+#: Engine passes a list-scheduling search may spend: RUNS / (jobs x sqrt(GPUs)), about
+#: what a pass costs, so about 1,000 passes (2 s) for 50 jobs on 64 GPUs; at least MIN_RUNS.
+#: Up to SWEEP_SHARE of them go to the sweep of targets and families, the rest to local search.
+RUNS = 400_000
+MIN_RUNS = 12
+SWEEP_SHARE = 0.5
 #: (start on what is free, grow only to hull counts) variants tried per target.
 MODES = ((False, False), (True, False), (False, True), (True, True))
+MIX_MODES = ((False, False), (False, True))
+#: (order, deadline, mix) families of list schedules; each gets a local search from its best.
+FAMILIES = (("lpt", False, False), ("lpt", True, True), ("lpt", True, False), ("stiff", True, False), ("stiff", True, True))
+#: The families the sweep tries first at every main target.
+LEAD = 2
 
 
 @dataclass
@@ -89,7 +101,9 @@ class _Omru:
     deadline: float  # the target makespan, as a time
     fit: bool = False
     hull_only: bool = False
+    mix: bool = False
     quantum_s: float | None = None
+    then: dict = field(default_factory=dict)  # job -> its count after a wide first part
 
     def step(self, e: Engine) -> None:
         waiting = set(e.waiting())
@@ -100,13 +114,33 @@ class _Omru:
                 break
             if j not in waiting:
                 continue
-            g = max(self.targets[j], self._within(e, j, self.deadline - e.now))
+            window = self.deadline - e.now
+            g = self.then.pop(j, None) or max(self.targets[j], self._within(e, j, window))
+            if self.mix and g <= e.free_count:
+                x, rest = self._wide_epochs(e, j, g, window)
+                if x:
+                    e.start(j, g, x)
+                    self.then[j] = rest
+                    continue
             if g <= e.free_count:
                 e.start(j, g)
             elif self.fit and 2 * e.free_count >= g:
                 e.start(j, e.free_count)
         if e.free_count and not (waiting and e.waiting()):
             self._grow(e)
+
+    def _wide_epochs(self, e: Engine, j: int, g: int, window: float) -> tuple[int, int]:
+        """(epochs on g GPUs, count after) for job j to end within `window` when the rest run on
+        the next hull count below g after a restart (the fluid mix, whole epochs); (0, 0) if none."""
+        counts = self.hulls[j].counts
+        i = counts.index(g) if g in counts else 0
+        if i == 0:
+            return 0, 0
+        E, tg, ta = e.remaining[j], e.tau(j, g), e.tau(j, counts[i - 1])
+        if E * ta <= window - e.problem.resize_cost_s:
+            return 0, 0
+        x = math.ceil((E * ta - (window - e.problem.resize_cost_s)) / (ta - tg) - 1e-9)
+        return (x, counts[i - 1]) if 0 < x < E else (0, 0)
 
     def _within(self, e: Engine, j: int, window: float) -> int:
         """Fewest GPUs on job j's hull that finish its remaining epochs within `window`."""
@@ -153,13 +187,10 @@ def _target(h: fluid.Hull, T: float) -> int:
     return h.counts[-1]
 
 
-def _makespans(sol: fluid.FluidSolution) -> list[float]:
-    T = sol.T
-    out = {T * f for f in FACTORS}
-    near = sorted({t for h in sol.hulls for t in h.times if T <= t <= 2 * T})
-    if len(near) <= EXHAUSTIVE_BREAKPOINTS:
-        out |= set(near)
-    return sorted(out)
+def _breakpoints(sol: fluid.FluidSolution) -> list[float]:
+    """Hull breakpoints in [T*, 2 T*] (when few enough): where some job's target count changes."""
+    near = sorted({t for h in sol.hulls for t in h.times if sol.T <= t <= 2 * sol.T})
+    return near if len(near) <= EXHAUSTIVE_BREAKPOINTS else []
 
 
 def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Plan:
@@ -172,8 +203,10 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
     plans = [_packed(problem, sol, start_s, committed, (False, True) if small else (False,))]
     if small:
         listed = _listed(problem, sol, start_s, committed)
-        grown = grow_tail(problem, listed.segments, _busy(problem, start_s, committed), GROW_ROUNDS)
-        plans.append(dataclasses.replace(listed, segments=tuple(grown)))
+        grown = grow_tail(problem, listed[0].segments, _busy(problem, start_s, committed), GROW_ROUNDS)
+        plans.append(dataclasses.replace(listed[0], segments=tuple(grown)))
+        if tolerance:
+            plans += listed[1:]
     best = min(plans, key=_score)
     if tolerance and not best.unplaced:  # makespans this close count as equal
         near = [p for p in plans if not p.unplaced and p.makespan_s <= best.makespan_s * (1 + tolerance)]
@@ -245,8 +278,8 @@ def _targets(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, p
     return best
 
 
-def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, committed) -> Plan:
-    """The best list schedule (module docstring, step 3)."""
+def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, committed) -> list[Plan]:
+    """Every list schedule tried (module docstring, step 3), the best first."""
     n = len(problem.jobs)
     tried: dict[tuple, tuple[tuple[float, int, float], Plan]] = {}
 
@@ -255,40 +288,53 @@ def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
         return tuple(sorted(range(n), key=lambda j: (-dur[j], problem.jobs[j].arrival_s, j)))
 
     def attempt(targets: tuple[int, ...], order: tuple[int, ...], mode: tuple[float, bool, bool]) -> tuple:
-        key = (targets, order, mode)  # mode: (deadline, fit, hull_only)
+        key = (targets, order, mode)  # mode: (deadline, fit, hull_only, mix)
         if key not in tried:
             plan = Engine(problem, _Omru(list(targets), list(order), sol.hulls, *mode), start_s=start_s,
                           committed=committed).run("omru")
             tried[key] = (_score(plan), plan)
         return tried[key][0]
 
-    big = n * problem.cluster.gpus > BIG
     # Orders: longest first at the target counts, and least compressible first (by the time
-    # at the widest hull count within a squeeze of the least area), one family each.
+    # at the widest hull count within a squeeze of the least area).
     stiff = []
     for sq in SQUEEZES:
         least = [min(t for t, a in zip(h.times, h.areas) if a <= h.areas[0] * (1 + sq)) for h in sol.hulls]
         order = tuple(sorted(range(n), key=lambda j: (-least[j], problem.jobs[j].arrival_s, j)))
         if order not in stiff:
             stiff.append(order)
-    starts: dict[int, tuple] = {}  # order family -> its best (targets, order, mode)
-
-    def keep(family: int, key: tuple) -> None:
-        if family not in starts or tried[key][0] < tried[starts[family]][0]:
-            starts[family] = key
-
-    for T in _makespans(sol) if not big else [sol.T * f for f in BIG_FACTORS]:
+    budget = max(MIN_RUNS, int(RUNS / (n * problem.cluster.gpus ** 0.5)))
+    starts: dict[tuple, tuple] = {}  # family -> its best (targets, order, mode)
+    for T, (kind, deadline, mix), variant in _sweep(sol):
+        if len(tried) >= budget * SWEEP_SHARE:
+            break
         targets = tuple(_target(h, T) for h in sol.hulls)
-        for variant in MODES if not big else MODES[:2]:
-            # without and with the deadline T (the first: counts fixed by the targets alone)
-            for family, (order, deadline) in enumerate([(lpt(targets), math.inf), (lpt(targets), start_s + T)]
-                                                       + [(o, start_s + T) for o in stiff]):
-                attempt(targets, order, (deadline,) + variant)
-                keep(family, (targets, order, (deadline,) + variant))
-    if not big:
-        for key in starts.values():
-            _descend(problem, sol, tried, attempt, key, LOCAL_SEARCH_RUNS // n)
-    return min(tried.values(), key=lambda v: v[0])[1]
+        for k, order in enumerate([lpt(targets)] if kind == "lpt" else stiff):
+            mode = (start_s + T if deadline else math.inf,) + variant + (mix,)
+            attempt(targets, order, mode)
+            family = (kind, k, deadline, mix)
+            if family not in starts or tried[(targets, order, mode)][0] < tried[starts[family]][0]:
+                starts[family] = (targets, order, mode)
+    # Local search from each family's best start, the best first, sharing what is left.
+    best_first = sorted(starts.values(), key=lambda key: tried[key][0])
+    for i, key in enumerate(best_first):
+        _descend(problem, sol, tried, attempt, key, (budget - len(tried)) // (len(best_first) - i))
+    return [plan for _, plan in sorted(tried.values(), key=lambda v: v[0])]
+
+
+def _sweep(sol: fluid.FluidSolution):
+    """(target makespan, family, variant) to try, most promising first: the main targets with
+    the first variant of the first LEAD families, of the others, the other variants, then the
+    hull breakpoints with everything."""
+    main = [sol.T * f for f in FACTORS]
+    more = [T for T in _breakpoints(sol) if T not in main]
+    passes = ((main, FAMILIES[:LEAD], slice(0, 1)), (main, FAMILIES[LEAD:], slice(0, 1)),
+              (main, FAMILIES, slice(1, None)), (more, FAMILIES, slice(0, None)))
+    for Ts, families, variants in passes:
+        for T in Ts:
+            for family in families:
+                for variant in (MIX_MODES if family[2] else MODES)[variants]:
+                    yield T, family, variant
 
 
 def _descend(problem: PlanningInput, sol: fluid.FluidSolution, tried: dict, attempt, key: tuple,
@@ -304,9 +350,9 @@ def _descend(problem: PlanningInput, sol: fluid.FluidSolution, tried: dict, atte
         ends = {s.job: s.end_s for s in plan.segments}
         late = sorted(range(n), key=lambda j: (-ends.get(problem.jobs[j].id, 0.0), j))
         where = {j: i for i, j in enumerate(order)}
-        moves = [(targets[:j] + (c,) + targets[j + 1:], order)
-                 for j in late for c in sol.hulls[j].counts if c != targets[j]]
-        moves += [(targets, _swap(order, *sorted((where[j], k)))) for j in late for k in range(n) if k != where[j]]
+        moves = itertools.chain(
+            ((targets[:j] + (c,) + targets[j + 1:], order) for j in late for c in sol.hulls[j].counts if c != targets[j]),
+            ((targets, _swap(order, *sorted((where[j], k)))) for j in late for k in range(n) if k != where[j]))
         for cand_targets, cand_order in moves:
             if budget <= 0:
                 break
