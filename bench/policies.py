@@ -123,12 +123,20 @@ def batch_rows(args) -> dict:
 
 
 def comparison() -> None:
-    """omru's makespan over each other policy's, per batch workload (below 1: omru ends first)."""
+    """omru's makespan over each other policy's, per batch workload (below 1: omru ends first),
+    then, per batch size, omru's T/LBfl over the seeds and its largest ratio to each policy."""
     print("\nomru's makespan / each other policy's (Pollux and Gavel batches):")
+    sizes: dict[str, list[dict[str, float]]] = {}
     for workload, ratios in RATIOS.items():
         if workload.startswith(("pollux", "gavel")) and "omru" in ratios:
             others = "  ".join(f"{name} {ratios['omru'] / r:.3f}" for name, r in ratios.items() if name != "omru")
             print(f"  {workload:<22} {others}")
+            sizes.setdefault(workload.rsplit(" s", 1)[0], []).append(ratios)
+    print("\nper batch size, over its seeds: omru T/LBfl (max), and the largest omru / other policy:")
+    for size, runs in sizes.items():
+        ts = [r["omru"] for r in runs]
+        worst = "  ".join(f"{name} {max(r['omru'] / r[name] for r in runs):.3f}" for name in runs[0] if name != "omru")
+        print(f"  {size:<18} {' '.join(f'{t:.3f}' for t in ts)} (max {max(ts):.3f});  {worst}")
 
 
 def scale_line(ga_rate: dict) -> None:

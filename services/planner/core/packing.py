@@ -465,7 +465,8 @@ def grow_tail(problem: PlanningInput, segments: list[Segment], busy_until: list[
                 for g in other.gpus:
                     free_at[g] = max(free_at[g], other.end_s)
         tau = job.epoch_seconds(len(s.gpus), c.nodes_spanned(s.gpus))
-        paid = problem.resize_cost_s if s.end_s - s.start_s - s.epochs * tau > problem.resize_cost_s / 2 else 0.0
+        rc = problem.resize_cost_s
+        paid = rc if s.end_s - s.start_s - s.epochs * tau > rc / 2 else 0.0  # its restart, if any
         first = s.start_s + paid  # when its first epoch starts
         for g in s.gpus:
             free_at[g] = first  # its own: free once it stops
@@ -476,14 +477,14 @@ def grow_tail(problem: PlanningInput, segments: list[Segment], busy_until: list[
             for k in (done, done + 1):  # stop at the boundary before it is ready and wait, or after
                 if k >= s.epochs:
                     continue
-                at = max(s.start_s + paid + k * tau, ready)
-                end = at + problem.resize_cost_s + (s.epochs - k) * t_new
+                at = max(first + k * tau, ready)
+                end = at + rc + (s.epochs - k) * t_new
                 if end < s.end_s * (1 - 1e-9) and (best is None or end < best[0]):
                     best = (end, k, at, gpus)
         if best is None:
             break
         end, k, at, gpus = best
-        segs[last] = Segment(s.job, s.start_s, s.start_s + paid + k * tau, s.gpus, k)
+        segs[last] = Segment(s.job, s.start_s, first + k * tau, s.gpus, k)
         segs.append(Segment(s.job, at, end, gpus, s.epochs - k))
     return segs
 

@@ -14,9 +14,10 @@
    allows, so the time planned is the time of the placement it gets. Last,
    the job that ends last grows onto GPUs nothing uses any more (on its
    node, or whole nodes) while that ends it earlier (packing.grow_tail; the
-   list schedules of step 3 get the same). Batches small enough for step 3 are also packed with
-   `Packer.narrow_first` (a job mixing two counts starts on the fewer and
-   grows onto GPUs that jobs ending before it release).
+   list schedules of step 3 get the same). Batches small enough for step 3
+   are also packed with `Packer.narrow_first` (a job mixing two counts
+   starts on the fewer and grows onto GPUs that jobs ending before it
+   release).
 3. List scheduling on the event engine (core/engine.py), on batches up to
    LIST_MAX jobs x GPUs: for targets T around T*, each job starts on the
    fewest GPUs on its hull that finish what it has left by T (counted from
@@ -86,6 +87,7 @@ MIN_RUNS = 12
 SWEEP_SHARE = 0.5
 #: (start on what is free, grow only to hull counts) variants tried per target.
 MODES = ((False, False), (True, False), (False, True), (True, True))
+#: The variants tried with `mix`.
 MIX_MODES = ((False, False), (False, True))
 #: (order, deadline, mix) families of list schedules; each gets a local search from its best.
 FAMILIES = (("lpt", False, False), ("lpt", True, True), ("lpt", True, False), ("stiff", True, False), ("stiff", True, True))
@@ -115,8 +117,8 @@ class _Omru:
             if j not in waiting:
                 continue
             window = self.deadline - e.now
-            g = self.then.pop(j, None) or max(self.targets[j], self._within(e, j, window))
-            if self.mix and g <= e.free_count:
+            g = self.then.get(j) or max(self.targets[j], self._within(e, j, window))
+            if self.mix and j not in self.then and g <= e.free_count:
                 x, rest = self._wide_epochs(e, j, g, window)
                 if x:
                     e.start(j, g, x)
@@ -124,8 +126,10 @@ class _Omru:
                     continue
             if g <= e.free_count:
                 e.start(j, g)
+                self.then.pop(j, None)
             elif self.fit and 2 * e.free_count >= g:
                 e.start(j, e.free_count)
+                self.then.pop(j, None)
         if e.free_count and not (waiting and e.waiting()):
             self._grow(e)
 
@@ -287,7 +291,7 @@ def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
         dur = [problem.jobs[j].duration(targets[j]) for j in range(n)]
         return tuple(sorted(range(n), key=lambda j: (-dur[j], problem.jobs[j].arrival_s, j)))
 
-    def attempt(targets: tuple[int, ...], order: tuple[int, ...], mode: tuple[float, bool, bool]) -> tuple:
+    def attempt(targets: tuple[int, ...], order: tuple[int, ...], mode: tuple[float, bool, bool, bool]) -> tuple:
         key = (targets, order, mode)  # mode: (deadline, fit, hull_only, mix)
         if key not in tried:
             plan = Engine(problem, _Omru(list(targets), list(order), sol.hulls, *mode), start_s=start_s,
