@@ -138,14 +138,23 @@ def plans(menu: Menu, epochs: int, window: float, rc: float,
             out.append((float(area[room - 1]), ((room, epochs),)))
     for a, b in pairs:
         ta, tb = t[a - 1], t[b - 1]
-        if epochs * tb + rc <= window < epochs * ta:
-            x = math.ceil((epochs * ta - (window - rc)) / (ta - tb) - 1e-9)
-            if 0 < x < epochs:
-                work = (x * tb * b + (epochs - x) * ta * a) * K
-                out.append((work + rc * a * K, ((b, x), (a, epochs - x))))
-                out.append((work + rc * b * K, ((a, epochs - x), (b, x))))
+        x = wide_epochs(epochs, ta, tb, window, rc)
+        if x:
+            work = (x * tb * b + (epochs - x) * ta * a) * K
+            out.append((work + rc * a * K, ((b, x), (a, epochs - x))))
+            out.append((work + rc * b * K, ((a, epochs - x), (b, x))))
     out.sort(key=lambda p: p[0])
     return out
+
+
+def wide_epochs(epochs: int, t_narrow: float, t_wide: float, window: float, rc: float) -> int:
+    """Fewest of `epochs` to run at t_wide seconds each so that the rest at t_narrow, after one
+    restart of rc seconds, end within `window`; 0 when t_narrow alone meets it, or when even
+    all but one epoch wide does not (the fluid mix of two counts, in whole epochs)."""
+    if epochs * t_narrow <= window or t_wide >= t_narrow:
+        return 0
+    x = math.ceil((epochs * t_narrow - (window - rc)) / (t_narrow - t_wide) - 1e-9)
+    return x if 0 < x < epochs else 0
 
 
 def fastest(menu: Menu, epochs: int) -> tuple[tuple[int, int], ...]:

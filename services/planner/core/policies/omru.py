@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from services.planner.core import fluid
 from services.planner.core.engine import EPS, Engine, resizes
 from services.planner.core.model import Plan, PlanningError, PlanningInput
-from services.planner.core.packing import Packer, grow_tail
+from services.planner.core.packing import Packer, grow_tail, wide_epochs
 from services.planner.core.registry import register
 
 #: Packing targets, as multiples of T*, tried in order while they can still win.
@@ -124,11 +124,8 @@ class _Omru:
                     e.start(j, g, x)
                     self.then[j] = rest
                     continue
-            if g <= e.free_count:
-                e.start(j, g)
-                self.then.pop(j, None)
-            elif self.fit and 2 * e.free_count >= g:
-                e.start(j, e.free_count)
+            if g <= e.free_count or (self.fit and 2 * e.free_count >= g):
+                e.start(j, min(g, e.free_count))
                 self.then.pop(j, None)
         if e.free_count and not (waiting and e.waiting()):
             self._grow(e)
@@ -140,11 +137,8 @@ class _Omru:
         i = counts.index(g) if g in counts else 0
         if i == 0:
             return 0, 0
-        E, tg, ta = e.remaining[j], e.tau(j, g), e.tau(j, counts[i - 1])
-        if E * ta <= window - e.problem.resize_cost_s:
-            return 0, 0
-        x = math.ceil((E * ta - (window - e.problem.resize_cost_s)) / (ta - tg) - 1e-9)
-        return (x, counts[i - 1]) if 0 < x < E else (0, 0)
+        x = wide_epochs(e.remaining[j], e.tau(j, counts[i - 1]), e.tau(j, g), window, e.problem.resize_cost_s)
+        return (x, counts[i - 1]) if x else (0, 0)
 
     def _within(self, e: Engine, j: int, window: float) -> int:
         """Fewest GPUs on job j's hull that finish its remaining epochs within `window`."""
