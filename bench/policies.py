@@ -6,7 +6,8 @@ Workloads: the paper's data (examples/profiles, both tasks, G = 2, 4, 8);
 Pollux-derived batches of 50 jobs on 16 four-GPU nodes, 200 on 64 and 1,000
 on 256 (placement-aware, resize cost 30 s); a Gavel-derived batch; and, with
 arrivals, windows of the Philly and ITP traces replayed online (each policy
-replans at every arrival and never sees a job before it arrives). The
+replans at every arrival, may revise what runs from its next epoch boundary,
+and never sees a job before it arrives). The
 Pollux, Gavel and trace data come from ../shared/data (relative to the repo
 root); without it only the paper rows are printed, and the bench says so.
 

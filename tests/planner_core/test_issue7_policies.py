@@ -129,6 +129,38 @@ def test_online_replay_never_shows_a_policy_a_job_before_it_arrives():
     assert validate.violations(plan, p) == []
 
 
+def _long_then_short() -> PlanningInput:
+    # "long" scales badly past one GPU but takes both at first, when it is alone;
+    # "short" arrives 100 s in and needs both GPUs.
+    long = Job("long", 100, {1: 10.0, 2: 9.0}, requested_gpus=2)
+    short = Job("short", 10, {1: 20.0, 2: 10.0}, arrival_s=100.0, requested_gpus=2)
+    return PlanningInput((long, short), Cluster.of(2), resize_cost_s=5.0)
+
+
+def test_online_replay_lets_omru_revise_a_running_job_when_a_job_arrives():
+    p = _long_then_short()
+    plan, replans = simulator.online(registry.get("omru"), p, "omru")
+    assert replans == 2 and validate.violations(plan, p) == []
+    long = sorted((s for s in plan.segments if s.job == "long"), key=lambda s: s.start_s)
+    # kept up to its first epoch boundary after the arrival (100 s on 2 GPUs at 9 s an epoch: 12 epochs)
+    assert (long[0].start_s, long[0].end_s, long[0].epochs) == (0.0, pytest.approx(108.0), 12)
+    # then "short" runs beside "long" instead of waiting 900 s for all of it (what the plan made
+    # at 0 s said), and the batch ends earlier than that plan (1,000 s)
+    short_start = min(s.start_s for s in plan.segments if s.job == "short")
+    assert short_start < max(s.end_s for s in plan.segments if s.job == "long")
+    assert plan.makespan_s < 0.95 * (100 * 9.0 + 10 * 10.0)
+
+
+@pytest.mark.parametrize("name", ["fifo", "sjf"])
+def test_online_replay_never_preempts_a_rigid_queue(name):
+    p = _long_then_short()
+    plan, _ = simulator.online(registry.get(name), p, name)
+    assert validate.violations(plan, p) == [] and resizes(plan) == 0
+    long_end = max(s.end_s for s in plan.segments if s.job == "long")
+    assert long_end == pytest.approx(900.0)
+    assert min(s.start_s for s in plan.segments if s.job == "short") == pytest.approx(long_end)
+
+
 @pytest.mark.parametrize("name", NEW_POLICIES)
 def test_online_plans_of_every_new_policy_pass_the_validator(name):
     p = rich_instance(8)

@@ -11,14 +11,19 @@ a plan that already keeps every rule comes out unchanged.
 
 `online(policy, problem)`: jobs arrive over time. At each arrival the
 policy plans the jobs that have arrived so far (their remaining epochs,
-none before the arrival), around the segments already under way; the
-segments it starts before the next arrival are kept, the rest replanned
-then. A policy never sees a job before it arrives.
+none before the arrival), around the segments already under way. What it
+starts before the next arrival is kept, up to the first epoch boundary at
+or after that arrival (jobs checkpoint at epoch boundaries, and the
+executor resizes running jobs there); the rest is replanned then. A policy
+never sees a job before it arrives, and none is held to a choice it made
+before the jobs that arrived since: it may keep a job on its GPUs (no
+restart), resize it or stop it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Iterable
 
 from services.planner.core.engine import restart_cost
@@ -69,6 +74,17 @@ def online(policy: Callable[[PlanningInput], Plan], problem: PlanningInput, name
         unplaced = plan.unplaced
         for s in plan.segments:
             if s.start_s < nxt:
+                s = _until(s, nxt, sub)
                 committed.append(s)
                 done[s.job] += s.epochs
     return Plan(name or getattr(policy, "__name__", "policy"), tuple(committed), None, unplaced), replans
+
+
+def _until(s: Segment, t: float, problem: PlanningInput) -> Segment:
+    """Segment s up to its first epoch boundary at or after t (at least one epoch)."""
+    if s.end_s <= t:
+        return s
+    tau = problem.job(s.job).epoch_seconds(len(s.gpus), problem.cluster.nodes_spanned(s.gpus))
+    first = s.end_s - s.epochs * tau  # where its first epoch starts (after any restart)
+    k = max(math.ceil((t - first) / tau - 1e-9), 1)
+    return s if k >= s.epochs else dataclasses.replace(s, end_s=first + k * tau, epochs=k)

@@ -4,6 +4,7 @@ Rigid ones keep each job's `requested_gpus` (1 GPU where the job names none):
 
 - `fifo`: arrival order, strict (the head of the queue blocks the rest).
 - `sjf`: shortest job (on its requested GPUs) first, smaller ones backfill.
+  Neither preempts: online, a job under way goes on first at every replan.
 - `tiresias`: Tiresias-style discretised least-attained-service: jobs sit in
   queues by attained GPU-seconds (thresholds grow x10 from `las_threshold_s`,
   default one tenth of the mean job's GPU-seconds); higher queues first,
@@ -48,6 +49,12 @@ def _run(problem: PlanningInput, policy, name: str) -> Plan:
     return Engine(problem, policy, start_s=start_s, committed=committed).run(name)
 
 
+def _under_way(problem: PlanningInput) -> set[str]:
+    """Jobs with committed segments (online: started before this replan): the queues run them
+    first, so they go on where they stopped and are never preempted."""
+    return {s.job for s in problem.options.get("committed", ())}
+
+
 @dataclass
 class _Queue:
     """Start waiting jobs in `key` order on their rigid counts; `strict` stops at the first misfit."""
@@ -68,7 +75,8 @@ class _Queue:
 @register("fifo")
 def fifo(problem: PlanningInput) -> Plan:
     """First in, first out on the requested GPU counts; the head blocks."""
-    key = [(j.arrival_s, i) for i, j in enumerate(problem.jobs)]
+    started = _under_way(problem)
+    key = [(j.id not in started, j.arrival_s, i) for i, j in enumerate(problem.jobs)]
     return _run(problem, _Queue(requested(problem), key, strict=True), "fifo")
 
 
@@ -76,7 +84,8 @@ def fifo(problem: PlanningInput) -> Plan:
 def sjf(problem: PlanningInput) -> Plan:
     """Shortest job first on the requested GPU counts, with backfilling."""
     counts = requested(problem)
-    key = [(j.duration(counts[i]), j.arrival_s, i) for i, j in enumerate(problem.jobs)]
+    started = _under_way(problem)
+    key = [(j.id not in started, j.duration(counts[i]), j.arrival_s, i) for i, j in enumerate(problem.jobs)]
     return _run(problem, _Queue(counts, key, strict=False), "sjf")
 
 
