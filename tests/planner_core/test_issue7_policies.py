@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from services.planner.core import bounds, fluid, profiles, registry, simulator, validate
 from services.planner.core.engine import Engine, resizes
 from services.planner.core.model import Cluster, Job, Plan, PlanningError, PlanningInput, Segment
+from services.planner.core.policies import omru
 from core_builders import example_problem, random_jobs, reference_rows, rich_instance
 
 NEW_POLICIES = ("omru", "fifo", "sjf", "tiresias", "min-total-duration")
@@ -95,6 +97,32 @@ def test_a_job_started_for_some_of_its_epochs_waits_again_then_and_its_next_star
     assert (len(first.gpus), first.epochs, first.end_s) == (4, 2, 20.0)
     assert (len(second.gpus), second.epochs, second.start_s) == (2, 3, 20.0)
     assert second.end_s == pytest.approx(20.0 + 7.0 + 3 * 20.0)
+
+
+def _grown(patient: bool) -> Plan:
+    # "a" runs on 2 of 4 GPUs; "c" frees a GPU at 5 s, "b" another at 100 s
+    jobs = (Job("a", 100, {1: 40.0, 2: 20.5, 3: 14.0, 4: 10.8}), Job("b", 1, {g: 100.0 for g in range(1, 5)}), Job("c", 1, {g: 5.0 for g in range(1, 5)}))
+    p = PlanningInput(jobs, Cluster(1, 4), resize_cost_s=30.0)
+    policy = omru._Omru([2, 1, 1], [0, 1, 2], fluid.solve(p).hulls, math.inf, patient=patient)
+    return validate.check(Engine(p, policy).run("omru"), p)
+
+
+def test_a_patient_grow_waits_for_gpus_about_to_come_free_when_that_ends_the_job_earlier():
+    eager, patient = _grown(False), _grown(True)
+    # eager: 2 -> 3 GPUs at 20.5 s, 3 -> 4 at 106.5 s; patient: 2 -> 4 at 102.5 s, one restart fewer
+    assert [len(s.gpus) for s in sorted(eager.segments, key=lambda s: s.start_s) if s.job == "a"] == [2, 3, 4]
+    assert [len(s.gpus) for s in sorted(patient.segments, key=lambda s: s.start_s) if s.job == "a"] == [2, 4]
+    assert patient.makespan_s == pytest.approx(102.5 + 30 + 95 * 10.8)
+    assert eager.makespan_s == pytest.approx(106.5 + 30 + 95 * 10.8)
+
+
+def test_a_loose_job_starts_on_its_target_count_whatever_the_deadline():
+    jobs = (Job("a", 8, {1: 40.0, 2: 20.0, 3: 14.0, 4: 10.0}),)
+    p = PlanningInput(jobs, Cluster(1, 4), resize_cost_s=30.0)
+    hulls = fluid.solve(p).hulls
+    for loose, count in ((frozenset(), 4), (frozenset({0}), 1)):  # 8 epochs by 100 s need 4 GPUs
+        plan = Engine(p, omru._Omru([1], [0], hulls, 100.0, loose=loose)).run("omru")
+        assert len(sorted(plan.segments, key=lambda s: s.start_s)[0].gpus) == count
 
 
 def test_validator_rejects_a_restart_on_new_gpus_that_does_not_pay_the_resize_cost():

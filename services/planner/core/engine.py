@@ -136,6 +136,11 @@ class Engine:
         now = self.now + EPS * max(1.0, self.now)
         return sorted(j for j in self._idle if self.not_before[j] <= now)
 
+    def next_arrival(self) -> float:
+        """When the next job arrives or comes out of committed history (inf if none will)."""
+        later = [self.not_before[j] for j in self._idle if self.not_before[j] > self.now + EPS * max(1.0, self.now)]
+        return min(later, default=math.inf)
+
     def future_work(self) -> bool:
         return bool(self._idle) or bool(self.running)
 
@@ -202,10 +207,11 @@ class Engine:
             self._idle.add(j)
         return b
 
-    def projected_end(self, j: int, g: int) -> float:
-        """When running job j would end if moved to g GPUs (best placement) at its next boundary."""
+    def projected_end(self, j: int, g: int, at: float | None = None) -> float:
+        """When running job j would end if moved to g GPUs (best placement) at its first
+        epoch boundary at or after `at` (default: now)."""
         r = self.running[j]
-        k = r.epochs_by(self.now)
+        k = r.epochs_by(self.now if at is None else at)
         b = r.start + r.cost + k * r.tau
         left = r.epochs - k
         if left <= 0:

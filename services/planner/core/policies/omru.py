@@ -28,13 +28,19 @@
    GPU-seconds: jobs that cannot catch up by running wide start first, jobs
    that can fill what the others leave). In the `mix` variant a job that
    must run wider than its target runs only the epochs it needs there, then
-   the rest on the hull count below (the fluid mix, wide part first). Once
-   nothing waits, free GPUs go to the running jobs that end last when that
-   ends them earlier even after the resize cost (the wrap-around the fluid
-   optimum does with fractions). The sweep over targets, orders and
-   variants, most promising first, then a local search from the best start
-   of each family, share a budget of engine passes that falls with the
-   batch's size (RUNS).
+   the rest on the hull count below (the fluid mix, wide part first); in
+   the `wide last` family, jobs whose fluid mix needs more than half the
+   cluster start on its narrow count instead (two of them cannot both run
+   wide first) and grow at the end. Once nothing waits, free GPUs go to the
+   running jobs that end last when that ends them earlier even after the
+   resize cost (the wrap-around the fluid optimum does with fractions); in
+   the `patient` families a job waits for the GPUs the next running job
+   releases when growing onto those too then ends it earlier still (one
+   restart instead of two). The sweep over targets, orders and variants,
+   most promising first, then a local search from the best start of each
+   family (moves: one job's count, with or without its deadline, or two
+   jobs' places in the order), share a budget of engine passes that falls
+   with the batch's size (RUNS).
 4. The plan with the least makespan wins (then fewer resizes, then the
    earlier job completions). Option `makespan_tolerance` (a share, default
    0): makespans within it of the least count as equal, among the packings
@@ -89,8 +95,11 @@ SWEEP_SHARE = 0.5
 MODES = ((False, False), (True, False), (False, True), (True, True))
 #: The variants tried with `mix`.
 MIX_MODES = ((False, False), (False, True))
-#: (order, deadline, mix) families of list schedules; each gets a local search from its best.
-FAMILIES = (("lpt", False, False), ("lpt", True, True), ("lpt", True, False), ("stiff", True, False), ("stiff", True, True))
+#: (order, deadline, mix, wide last, patient) families of list schedules (module docstring, step 3);
+#: each gets a local search from its best.
+FAMILIES = (("lpt", False, False, False, False), ("lpt", True, True, False, False), ("lpt", True, False, False, False),
+            ("stiff", True, False, False, False), ("stiff", True, True, False, False), ("lpt", True, True, True, False),
+            ("lpt", True, True, False, True), ("stiff", True, False, False, True), ("lpt", True, True, True, True))
 #: The families the sweep tries first at every main target.
 LEAD = 2
 
@@ -104,6 +113,8 @@ class _Omru:
     fit: bool = False
     hull_only: bool = False
     mix: bool = False
+    patient: bool = False
+    loose: frozenset = frozenset()  # jobs that start on their target count whatever the deadline
     quantum_s: float | None = None
     then: dict = field(default_factory=dict)  # job -> its count after a wide first part
 
@@ -117,8 +128,11 @@ class _Omru:
             if j not in waiting:
                 continue
             window = self.deadline - e.now
-            g = self.then.get(j) or max(self.targets[j], self._within(e, j, window))
-            if self.mix and j not in self.then and g <= e.free_count:
+            if j in self.loose:
+                g = self.targets[j]
+            else:
+                g = self.then.get(j) or max(self.targets[j], self._within(e, j, window))
+            if self.mix and j not in self.then and j not in self.loose and g <= e.free_count:
                 x, rest = self._wide_epochs(e, j, g, window)
                 if x:
                     e.start(j, g, x)
@@ -164,17 +178,27 @@ class _Omru:
         for end, j in sorted(((r.end, j) for j, r in e.running.items() if r.start <= e.now + EPS), reverse=True):
             if not e.free_count:
                 return
-            g = len(e.running[j].gpus)
-            options = [c for c in self.hulls[j].counts if g < c <= g + e.free_count]
-            if not self.hull_only:
-                options.append(g + e.free_count)
             best, best_end = None, end - MIN_GAIN * (end - e.now)
-            for c in options:
+            for c in self._wider(e, j, e.free_count):
                 t = e.projected_end(j, c)
                 if t < best_end:
                     best, best_end = c, t
-            if best is not None:
-                e.resize(j, best)
+            if best is None:
+                continue
+            # Growing when the next running job ends, onto its GPUs too, may end it earlier still.
+            ends = [r.end for i, r in e.running.items() if i != j and e.now + EPS < r.end < end]
+            if ends and self.patient and min(ends) < e.next_arrival():
+                t1 = min(ends)
+                more = e.free_count + sum(len(r.gpus) for i, r in e.running.items() if i != j and r.end <= t1 + EPS)
+                if any(e.projected_end(j, c, t1) < best_end for c in self._wider(e, j, more)):
+                    return
+            e.resize(j, best)
+
+    def _wider(self, e: Engine, j: int, free: int) -> list[int]:
+        """Counts running job j may grow to with `free` more GPUs."""
+        g = len(e.running[j].gpus)
+        options = [c for c in self.hulls[j].counts if g < c <= g + free]
+        return options if self.hull_only else options + [g + free]
 
 
 def _target(h: fluid.Hull, T: float) -> int:
@@ -285,10 +309,11 @@ def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
         dur = [problem.jobs[j].duration(targets[j]) for j in range(n)]
         return tuple(sorted(range(n), key=lambda j: (-dur[j], problem.jobs[j].arrival_s, j)))
 
-    def attempt(targets: tuple[int, ...], order: tuple[int, ...], mode: tuple[float, bool, bool, bool]) -> tuple:
-        key = (targets, order, mode)  # mode: (deadline, fit, hull_only, mix)
+    def attempt(targets: tuple[int, ...], order: tuple[int, ...], mode: tuple,
+                loose: frozenset = frozenset()) -> tuple:
+        key = (targets, order, mode, loose)  # mode: (deadline, fit, hull_only, mix, patient)
         if key not in tried:
-            plan = Engine(problem, _Omru(list(targets), list(order), sol.hulls, *mode), start_s=start_s,
+            plan = Engine(problem, _Omru(list(targets), list(order), sol.hulls, *mode, loose), start_s=start_s,
                           committed=committed).run("omru")
             tried[key] = (_score(plan), plan)
         return tried[key][0]
@@ -302,17 +327,25 @@ def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
         if order not in stiff:
             stiff.append(order)
     budget = max(MIN_RUNS, int(RUNS / (n * problem.cluster.gpus ** 0.5)))
-    starts: dict[tuple, tuple] = {}  # family -> its best (targets, order, mode)
-    for T, (kind, deadline, mix), variant in _sweep(sol):
+    starts: dict[tuple, tuple] = {}  # family -> its best (targets, order, mode, loose)
+    for T, (kind, deadline, mix, wide_last, patient), variant in _sweep(sol):
         if len(tried) >= budget * SWEEP_SHARE:
             break
         targets = tuple(_target(h, T) for h in sol.hulls)
+        loose = frozenset()
+        if wide_last:
+            mixes = [h.mix(T) for h in sol.hulls]
+            loose = frozenset(j for j, m in enumerate(mixes) if len(m) > 1 and 2 * m[1][0] > problem.cluster.gpus)
+            if not loose:
+                continue
+            targets = tuple(mixes[j][0][0] if j in loose else c for j, c in enumerate(targets))
         for k, order in enumerate([lpt(targets)] if kind == "lpt" else stiff):
-            mode = (start_s + T if deadline else math.inf,) + variant + (mix,)
-            attempt(targets, order, mode)
-            family = (kind, k, deadline, mix)
-            if family not in starts or tried[(targets, order, mode)][0] < tried[starts[family]][0]:
-                starts[family] = (targets, order, mode)
+            mode = (start_s + T if deadline else math.inf,) + variant + (mix, patient)
+            key = (targets, order, mode, loose)
+            attempt(*key)
+            family = (kind, k, deadline, mix, wide_last, patient)
+            if family not in starts or tried[key][0] < tried[starts[family]][0]:
+                starts[family] = key
     # Local search from each family's best start, the best first, sharing what is left.
     best_first = sorted(starts.values(), key=lambda key: tried[key][0])
     for i, key in enumerate(best_first):
@@ -340,7 +373,7 @@ def _descend(problem: PlanningInput, sol: fluid.FluidSolution, tried: dict, atte
     """Local search from `key` (targets, order, mode): one job's count, or two jobs' places in
     the order, the jobs that end last first; the first move that scores better is taken."""
     n = len(problem.jobs)
-    targets, order, mode = key
+    targets, order, mode, loose = key
     score, plan = tried[key]
     improved = True
     while improved and budget > 0:
@@ -349,16 +382,17 @@ def _descend(problem: PlanningInput, sol: fluid.FluidSolution, tried: dict, atte
         late = sorted(range(n), key=lambda j: (-ends.get(problem.jobs[j].id, 0.0), j))
         where = {j: i for i, j in enumerate(order)}
         moves = itertools.chain(
-            ((targets[:j] + (c,) + targets[j + 1:], order) for j in late for c in sol.hulls[j].counts if c != targets[j]),
-            ((targets, _swap(order, *sorted((where[j], k)))) for j in late for k in range(n) if k != where[j]))
-        for cand_targets, cand_order in moves:
+            ((targets[:j] + (c,) + targets[j + 1:], order, free) for j in late for free in (loose, loose ^ {j})
+             for c in sol.hulls[j].counts if c != targets[j] or free != loose),
+            ((targets, _swap(order, *sorted((where[j], k))), loose) for j in late for k in range(n) if k != where[j]))
+        for cand in moves:
             if budget <= 0:
                 break
             budget -= 1
-            s = attempt(cand_targets, cand_order, mode)
+            s = attempt(*cand[:2], mode, cand[2])
             if s < score:
-                score, targets, order, improved = s, cand_targets, cand_order, True
-                plan = tried[(targets, order, mode)][1]
+                score, (targets, order, loose), improved = s, cand, True
+                plan = tried[(targets, order, mode, loose)][1]
                 break
 
 
