@@ -37,10 +37,10 @@
    the `patient` families a job waits for the GPUs the next running job
    releases when growing onto those too then ends it earlier still (one
    restart instead of two). The sweep over targets, orders and variants,
-   most promising first, then a local search from the best start of each
-   family (moves: one job's count, with or without its deadline, or two
-   jobs' places in the order), share a budget of engine passes that falls
-   with the batch's size (RUNS).
+   most promising first, then local searches from the best starts of the
+   families, the best first (moves: one job's count, with or without its
+   deadline, or two jobs' places in the order), share a budget of engine
+   passes that falls with the batch's size (RUNS).
 4. The plan with the least makespan wins (then fewer resizes, then the
    earlier job completions). Option `makespan_tolerance` (a share, default
    0): makespans within it of the least count as equal, among the packings
@@ -87,16 +87,18 @@ SQUEEZES = (0.05, 0.1, 0.2)
 MIN_GAIN = 0.01
 #: Engine passes a list-scheduling search may spend: RUNS / (jobs x sqrt(GPUs)), about
 #: what a pass costs, so about 1,000 passes (2 s) for 50 jobs on 64 GPUs; at least MIN_RUNS.
-#: Up to SWEEP_SHARE of them go to the sweep of targets and families, the rest to local search.
+#: Up to SWEEP_SHARE of them go to the sweep of targets and families, the rest to local
+#: searches from the best starts, as many as get DESCENT_RUNS passes each (at least one).
 RUNS = 400_000
 MIN_RUNS = 12
 SWEEP_SHARE = 0.5
+DESCENT_RUNS = 120
 #: (start on what is free, grow only to hull counts) variants tried per target.
 MODES = ((False, False), (True, False), (False, True), (True, True))
 #: The variants tried with `mix`.
 MIX_MODES = ((False, False), (False, True))
 #: (order, deadline, mix, wide last, patient) families of list schedules (module docstring, step 3);
-#: each gets a local search from its best.
+#: the best start of each family may get a local search.
 FAMILIES = (("lpt", False, False, False, False), ("lpt", True, True, False, False), ("lpt", True, False, False, False),
             ("stiff", True, False, False, False), ("stiff", True, True, False, False), ("lpt", True, True, True, False),
             ("lpt", True, True, False, True), ("stiff", True, False, False, True), ("lpt", True, True, True, True))
@@ -346,8 +348,9 @@ def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
             family = (kind, k, deadline, mix, wide_last, patient)
             if family not in starts or tried[key][0] < tried[starts[family]][0]:
                 starts[family] = key
-    # Local search from each family's best start, the best first, sharing what is left.
-    best_first = sorted(starts.values(), key=lambda key: tried[key][0])
+    # Local search from the best starts of the families, the best first, sharing what is left.
+    descents = max(1, (budget - len(tried)) // DESCENT_RUNS)
+    best_first = sorted(starts.values(), key=lambda key: tried[key][0])[:descents]
     for i, key in enumerate(best_first):
         _descend(problem, sol, tried, attempt, key, (budget - len(tried)) // (len(best_first) - i))
     return [plan for _, plan in sorted(tried.values(), key=lambda v: v[0])]
