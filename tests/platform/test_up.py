@@ -46,7 +46,7 @@ def _grpcurl(*args: str) -> str:
     return result.stdout
 
 
-def _read_ready(proc: subprocess.Popen, timeout: float) -> dict:
+def _read_ready(proc: subprocess.Popen, timeout: float, log: Path) -> dict:
     selector = selectors.DefaultSelector()
     selector.register(proc.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout
@@ -56,7 +56,8 @@ def _read_ready(proc: subprocess.Popen, timeout: float) -> dict:
             if not line:
                 break
             return json.loads(line)
-    raise AssertionError(f"no ready line within {timeout} s (exit {proc.poll()})")
+    tail = log.read_text(errors="replace")[-3000:]
+    raise AssertionError(f"no ready line within {timeout} s (exit {proc.poll()}); its log ends:\n{tail}")
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def omru_up(free_port, tmp_path):
     started = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=open(tmp_path / "up.log", "wb"), text=True, env=env)
     try:
-        ready = _read_ready(proc, 60)
+        ready = _read_ready(proc, 60, tmp_path / "up.log")
         print(f"omru up: ready line after {time.monotonic() - started:.2f} s (launcher says {ready['seconds_to_ready']} s)")
         yield proc, ready, _children(proc.pid)
     finally:
