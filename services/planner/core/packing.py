@@ -480,8 +480,10 @@ def grow_tail(problem: PlanningInput, segments: list[Segment], busy_until: list[
         for g in s.gpus:
             free_at[g] = first  # its own: free once it stops
         best = None
-        for gpus, ready in _wider(free_at, len(s.gpus), K, c.nodes):
-            t_new = job.epoch_seconds(len(gpus), c.nodes_spanned(gpus))
+        for count, spanned, ready, gpus in _wider(free_at, len(s.gpus), K, c.nodes):
+            if best is not None and ready >= best[0]:
+                break  # the rest are ready later still
+            t_new = job.epoch_seconds(count, spanned)
             done = max(1, math.floor((ready - first) / tau + 1e-9))
             for k in (done, done + 1):  # stop at the boundary before it is ready and wait, or after
                 if k >= s.epochs:
@@ -493,19 +495,22 @@ def grow_tail(problem: PlanningInput, segments: list[Segment], busy_until: list[
         if best is None:
             break
         end, k, at, gpus = best
+        gpus = gpus()
         segs[last] = Segment(s.job, s.start_s, first + k * tau, s.gpus, k)
         segs.append(Segment(s.job, at, end, gpus, s.epochs - k))
     return segs
 
 
 def _wider(free_at: list[float], g: int, K: int, nodes: int):
-    """(GPUs, when all are free) for every count above g: on one node up to K GPUs (the
-    earliest free of each node), whole nodes beyond (the earliest free nodes)."""
+    """(count, nodes spanned, when all are free, GPUs as a call) for every count above g: on one
+    node up to K GPUs (the earliest free of each node), whole nodes beyond (the earliest free
+    nodes). The whole nodes come last, the ones ready later after."""
     per_node = [sorted((free_at[x], x) for x in range(n * K, (n + 1) * K)) for n in range(nodes)]
     for count in range(g + 1, K + 1):
         n = min(range(nodes), key=lambda m: (per_node[m][count - 1][0], m))
-        yield tuple(sorted(x for _, x in per_node[n][:count])), per_node[n][count - 1][0]
+        yield count, 1, per_node[n][count - 1][0], lambda n=n, count=count: tuple(sorted(x for _, x in per_node[n][:count]))
     by_ready = sorted(range(nodes), key=lambda m: (per_node[m][-1][0], m))
     for m in range(max(2, -(-(g + 1) // K)), nodes + 1):
         chosen = by_ready[:m]
-        yield tuple(sorted(x for n in chosen for x in range(n * K, (n + 1) * K))), max(per_node[n][-1][0] for n in chosen)
+        yield m * K, m, per_node[chosen[-1]][-1][0], lambda chosen=chosen: tuple(
+            sorted(x for n in chosen for x in range(n * K, (n + 1) * K)))
