@@ -187,13 +187,12 @@ class _Omru:
                     best, best_end = c, t
             if best is None:
                 continue
-            # Growing when the next running job ends, onto its GPUs too, may end it earlier still.
-            ends = [r.end for i, r in e.running.items() if i != j and e.now + EPS < r.end < end]
-            if ends and self.patient and min(ends) < e.next_arrival():
-                t1 = min(ends)
-                more = e.free_count + sum(len(r.gpus) for i, r in e.running.items() if i != j and r.end <= t1 + EPS)
-                if any(e.projected_end(j, c, t1) < best_end for c in self._wider(e, j, more)):
-                    return
+            if self.patient:  # growing when the next running job ends, onto its GPUs too, may pay more
+                t1 = min((r.end for i, r in e.running.items() if i != j and e.now + EPS < r.end < end), default=math.inf)
+                if t1 < e.next_arrival():
+                    more = e.free_count + sum(len(r.gpus) for i, r in e.running.items() if i != j and r.end <= t1 + EPS)
+                    if any(e.projected_end(j, c, t1) < best_end for c in self._wider(e, j, more)):
+                        return  # the GPUs stay free for it
             e.resize(j, best)
 
     def _wider(self, e: Engine, j: int, free: int) -> list[int]:
@@ -373,8 +372,9 @@ def _sweep(sol: fluid.FluidSolution):
 
 def _descend(problem: PlanningInput, sol: fluid.FluidSolution, tried: dict, attempt, key: tuple,
              budget: int) -> None:
-    """Local search from `key` (targets, order, mode): one job's count, or two jobs' places in
-    the order, the jobs that end last first; the first move that scores better is taken."""
+    """Local search from `key` (targets, order, mode, loose): one job's count, held to the
+    deadline or not, or two jobs' places in the order, the jobs that end last first; the first
+    move that scores better is taken."""
     n = len(problem.jobs)
     targets, order, mode, loose = key
     score, plan = tried[key]
