@@ -59,8 +59,14 @@ class Run:
 
     def epochs_by(self, t: float) -> int:
         """Epochs finished at the first epoch boundary at or after t (at least 1)."""
-        k = math.ceil((t - self.start - self.cost) / self.tau - 1e-9)
-        return min(max(k, 1), self.epochs)
+        return epochs_by(self.start + self.cost, self.tau, self.epochs, t)
+
+
+def epochs_by(first: float, tau: float, epochs: int, t: float) -> int:
+    """Of `epochs` epochs of tau seconds from `first`, those finished at the first epoch
+    boundary at or after t (at least 1)."""
+    k = math.ceil((t - first) / tau - 1e-9)
+    return min(max(k, 1), epochs)
 
 
 def restart_cost(problem: PlanningInput, prev: tuple[tuple[int, ...], float] | None,

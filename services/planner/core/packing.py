@@ -511,6 +511,5 @@ def _wider(free_at: list[float], g: int, K: int, nodes: int):
         yield count, 1, per_node[n][count - 1][0], lambda n=n, count=count: tuple(sorted(x for _, x in per_node[n][:count]))
     by_ready = sorted(range(nodes), key=lambda m: (per_node[m][-1][0], m))
     for m in range(max(2, -(-(g + 1) // K)), nodes + 1):
-        chosen = by_ready[:m]
-        yield m * K, m, per_node[chosen[-1]][-1][0], lambda chosen=chosen: tuple(
-            sorted(x for n in chosen for x in range(n * K, (n + 1) * K)))
+        yield m * K, m, per_node[by_ready[m - 1]][-1][0], lambda m=m: tuple(
+            sorted(x for n in by_ready[:m] for x in range(n * K, (n + 1) * K)))

@@ -23,10 +23,9 @@ restart), resize it or stop it.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable, Iterable
 
-from services.planner.core.engine import restart_cost
+from services.planner.core.engine import epochs_by, restart_cost
 from services.planner.core.model import Plan, PlanningInput, Segment
 
 
@@ -86,5 +85,5 @@ def _until(s: Segment, t: float, problem: PlanningInput) -> Segment:
         return s
     tau = problem.job(s.job).epoch_seconds(len(s.gpus), problem.cluster.nodes_spanned(s.gpus))
     first = s.end_s - s.epochs * tau  # where its first epoch starts (after any restart)
-    k = max(math.ceil((t - first) / tau - 1e-9), 1)
+    k = epochs_by(first, tau, s.epochs, t)
     return s if k >= s.epochs else dataclasses.replace(s, end_s=first + k * tau, epochs=k)

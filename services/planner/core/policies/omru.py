@@ -177,6 +177,7 @@ class _Omru:
 
     def _grow(self, e: Engine) -> None:
         # The job that ends last first; growing one job does not move the others' ends.
+        arrival = e.next_arrival() if self.patient else math.inf
         for end, j in sorted(((r.end, j) for j, r in e.running.items() if r.start <= e.now + EPS), reverse=True):
             if not e.free_count:
                 return
@@ -189,7 +190,7 @@ class _Omru:
                 continue
             if self.patient:  # growing when the next running job ends, onto its GPUs too, may pay more
                 t1 = min((r.end for i, r in e.running.items() if i != j and e.now + EPS < r.end < end), default=math.inf)
-                if t1 < e.next_arrival():
+                if t1 < arrival:
                     more = e.free_count + sum(len(r.gpus) for i, r in e.running.items() if i != j and r.end <= t1 + EPS)
                     if any(e.projected_end(j, c, t1) < best_end for c in self._wider(e, j, more)):
                         return  # the GPUs stay free for it
