@@ -34,5 +34,14 @@ def test_fluid_mixes_gpu_counts_where_static_must_pick_one():
     assert lb.static_s == pytest.approx(28 / 3)
 
 
+def test_whole_epochs_forbid_the_fluid_mix_of_a_one_epoch_job():
+    # On 2 GPUs: a takes 10 s on 1 GPU or 6 on 2, b 4 s on either. Fluid: a runs 0.6 of its
+    # epoch on 2 GPUs, 10 - 4x = (14 + 2x) / 2 -> T = 7.6. Whole epochs: a on 1 GPU needs
+    # 10 s; on 2, the area is 12 + 4 = 16 GPU-seconds -> T = 8.
+    p = problem([job("a", 1, 10.0, 6.0), job("b", 1, 4.0, 4.0)], gpus=2)
+    assert bounds.fluid(p) == pytest.approx(7.6)
+    assert bounds.whole_epochs(p) == pytest.approx(8.0)
+
+
 def test_on_the_paper_data_fluid_is_the_published_124_6_minutes_for_image_at_8_gpus():
     assert bounds.fluid(example_problem("image", 8)) / 60 == pytest.approx(124.6, abs=0.05)

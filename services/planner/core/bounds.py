@@ -6,6 +6,10 @@ fluid:  the LP where each job splits its work over GPU counts (valid when
         jobs may be resized at epoch boundaries); solved with HiGHS
 static: for plans that never resize a job: the smallest T >= length with
         sum_j min{ g D_j(g) : D_j(g) <= T } <= G T
+whole_epochs: the fluid LP with each job's epochs split over GPU counts in
+        whole epochs, one restart paid per count after its first, and no job
+        ending before its arrival plus its time (a MILP; not in all_bounds:
+        it is for measuring how far a plan is from what whole epochs allow)
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.planner.core import fluid as fluid_solution
 from services.planner.core.model import PlanningError, PlanningInput
 
 
@@ -86,6 +91,54 @@ def static(problem: PlanningInput) -> float:
         if i + 1 == len(points) or T < points[i + 1]:
             return T
     raise AssertionError("unreachable")  # the last interval is unbounded
+
+
+def whole_epochs(problem: PlanningInput, time_limit_s: float = 60.0) -> float:
+    """The whole-epoch bound (module docstring), solved with HiGHS; past the time limit, the
+    solver's proven lower bound. Only each job's Pareto counts (no count both slower and
+    dearer in GPU-seconds than another) are variables: the others never lower the bound."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    D = _durations(problem)
+    n, G = D.shape
+    R = problem.resize_cost_s
+    var: list[tuple[int, int]] = []  # (job, GPU count)
+    for j in range(n):
+        fastest = np.inf
+        for g in sorted(range(1, G + 1), key=lambda g: (g * D[j, g - 1], D[j, g - 1])):
+            if D[j, g - 1] < fastest:
+                fastest = D[j, g - 1]
+                var.append((j, g))
+    m = len(var)
+    # Variables: epochs x_k, then "count used" y_k (binary), then T.
+    rows, cols, vals, lo, hi = [], [], [], [], []
+    for k, (j, g) in enumerate(var):
+        E = problem.jobs[j].epochs
+        tau = D[j, g - 1] / E
+        rows += [j, n + j, n + j, 2 * n + k, 2 * n + k, 2 * n + m]
+        cols += [k, k, m + k, k, m + k, k]
+        vals += [1.0, tau, R, 1.0, -float(E), g * tau]
+    for j, job in enumerate(problem.jobs):  # sum_k x = E_j; time + R (counts - 1) + arrival <= T
+        rows.append(n + j)
+        cols.append(2 * m)
+        vals.append(-1.0)
+    lo += [float(job.epochs) for job in problem.jobs] + [-np.inf] * (n + m + 1)
+    hi += [float(job.epochs) for job in problem.jobs] + [R - job.arrival_s for job in problem.jobs] + [0.0] * m
+    rows.append(2 * n + m)  # area: sum x g tau <= G T
+    cols.append(2 * m)
+    vals.append(-float(G))
+    hi.append(0.0)
+    A = coo_matrix((vals, (rows, cols)), shape=(2 * n + m + 1, 2 * m + 1)).tocsr()
+    c = np.zeros(2 * m + 1)
+    c[-1] = 1.0
+    upper = np.array([problem.jobs[j].epochs for j, _ in var] + [1] * m + [np.inf], dtype=float)
+    res = milp(c, constraints=LinearConstraint(A, lo, hi), integrality=np.r_[np.ones(2 * m), 0],
+               bounds=Bounds(np.zeros(2 * m + 1), upper), options={"time_limit": time_limit_s})
+    bound = getattr(res, "mip_dual_bound", None)
+    if bound is None or not np.isfinite(bound):
+        raise PlanningError(f"whole-epoch lower bound: MILP solver failed ({res.message})")
+    return float(max(bound, fluid_solution.solve(problem).T))
 
 
 def all_bounds(problem: PlanningInput) -> LowerBounds:
