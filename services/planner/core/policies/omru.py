@@ -38,17 +38,23 @@
    releases when growing onto those too then ends it earlier still (one
    restart instead of two). The sweep over targets, orders and variants,
    most promising first, then local searches from the best starts of the
-   families, the best first (moves: one job's count, with or without its
-   deadline, or two jobs' places in the order), share a budget of engine
-   passes that falls with the batch's size (RUNS).
-4. The plan with the least makespan wins (then fewer resizes, then the
+   families, the best first (moves, for the jobs that end last first: move
+   the job to the front of the order, halfway there or one place up, or
+   change its count, with or without its deadline), share a budget of
+   engine passes that falls with the batch's size (RUNS).
+4. Node packing (core/nodepack.py), on the same batches when the cluster
+   has several nodes and nothing is committed, for targets f T* (f in
+   NODE_FACTORS) that every job can meet on one node: each job on one
+   node, each node's jobs list-scheduled on it alone (NODE_SLACK), jobs
+   moved between nodes; the job that ends last then grows as in step 2.
+5. The plan with the least makespan wins (then fewer resizes, then the
    earlier job completions). Option `makespan_tolerance` (a share, default
    0): makespans within it of the least count as equal, among the packings
    and every list schedule tried (the planner service sets it: measured
    epoch times are not exact to a percent, and plans that differ by less
    only trade resizes and later completions for noise).
 
-Both builders keep the validator's rules by construction: GPU ids, whole
+The builders keep the validator's rules by construction: GPU ids, whole
 epochs, placement times, resize costs, arrivals and committed history.
 Packing plans 1,000 jobs on 1,024 GPUs in about a second; list scheduling,
 whose passes grow with jobs x running jobs, is left out there.
@@ -64,6 +70,7 @@ from dataclasses import dataclass, field
 from services.planner.core import fluid
 from services.planner.core.engine import EPS, Engine, resizes
 from services.planner.core.model import Plan, PlanningError, PlanningInput
+from services.planner.core.nodepack import NodePacker
 from services.planner.core.packing import Packer, grow_tail, wide_epochs
 from services.planner.core.registry import register
 
@@ -102,6 +109,10 @@ MIX_MODES = ((False, False), (False, True))
 FAMILIES = (("lpt", False, False, False, False), ("lpt", True, True, False, False), ("lpt", True, False, False, False),
             ("stiff", True, False, False, False), ("stiff", True, True, False, False), ("lpt", True, True, True, False),
             ("lpt", True, True, False, True), ("stiff", True, False, False, True), ("lpt", True, True, True, True))
+#: Node-packing targets, as multiples of T* (core/nodepack.py), and the targets each node's
+#: list schedules try, as multiples of the node-packing target.
+NODE_FACTORS = (1.0, 1.01)
+NODE_SLACK = (1.0, 1.05, 1.1, 1.2)
 #: The families the sweep tries first at every main target.
 LEAD = 2
 
@@ -225,6 +236,8 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
     sol = fluid.solve(problem)
     small = len(problem.jobs) * problem.cluster.gpus <= LIST_MAX
     plans = [_packed(problem, sol, start_s, committed, (False, True) if small else (False,))]
+    if small and problem.cluster.nodes > 1 and not start_s and not committed:
+        plans += _node_packed(problem, sol)
     if small:
         listed = _listed(problem, sol, start_s, committed)
         grown = grow_tail(problem, listed[0].segments, _busy(problem, start_s, committed), GROW_ROUNDS)
@@ -236,6 +249,32 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
         near = [p for p in plans if not p.unplaced and p.makespan_s <= best.makespan_s * (1 + tolerance)]
         best = min(near, key=lambda p: _score(p)[1:])
     return best
+
+
+def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution) -> list[Plan]:
+    """Node packings (core/nodepack.py) for targets f T*, f in NODE_FACTORS."""
+    packer = NodePacker(problem, fluid.durations(problem), _node_schedule)
+    busy = [0.0] * problem.cluster.gpus
+    plans = []
+    for f in NODE_FACTORS:
+        segments = packer.pack(f * sol.T)
+        if segments is not None:
+            plans.append(Plan("omru", tuple(grow_tail(problem, segments, busy, GROW_ROUNDS))))
+    return plans
+
+
+def _node_schedule(sub: PlanningInput, hulls: tuple[fluid.Hull, ...], T: float) -> tuple | None:
+    """The best of a few list schedules of one node's jobs (longest first at targets T and
+    somewhat above, with and without the mix, fit and deadline); None if none places them all."""
+    best = None
+    for f in NODE_SLACK:
+        targets = [_target(h, f * T) for h in hulls]
+        order = sorted(range(len(hulls)), key=lambda j: (-sub.jobs[j].duration(targets[j]), j))
+        for deadline, fit, mix in ((f * T, False, True), (f * T, True, True), (f * T, False, False), (math.inf, False, False)):
+            plan = Engine(sub, _Omru(list(targets), list(order), hulls, deadline, fit, False, mix)).run("omru")
+            if not plan.unplaced and (best is None or plan.makespan_s < best.makespan_s):
+                best = plan
+    return None if best is None else best.segments
 
 
 def _score(plan: Plan) -> tuple[float, int, float]:
@@ -373,9 +412,9 @@ def _sweep(sol: fluid.FluidSolution):
 
 def _descend(problem: PlanningInput, sol: fluid.FluidSolution, tried: dict, attempt, key: tuple,
              budget: int) -> None:
-    """Local search from `key` (targets, order, mode, loose): one job's count, held to the
-    deadline or not, or two jobs' places in the order, the jobs that end last first; the first
-    move that scores better is taken."""
+    """Local search from `key` (targets, order, mode, loose): for the jobs that end last first,
+    the job moved up the order (to the front, halfway there or one place), or its count changed,
+    held to the deadline or not; the first move that scores better is taken."""
     n = len(problem.jobs)
     targets, order, mode, loose = key
     score, plan = tried[key]
@@ -385,10 +424,10 @@ def _descend(problem: PlanningInput, sol: fluid.FluidSolution, tried: dict, atte
         ends = {s.job: s.end_s for s in plan.segments}
         late = sorted(range(n), key=lambda j: (-ends.get(problem.jobs[j].id, 0.0), j))
         where = {j: i for i, j in enumerate(order)}
-        moves = itertools.chain(
-            ((targets[:j] + (c,) + targets[j + 1:], order, free) for j in late for free in (loose, loose ^ {j})
-             for c in sol.hulls[j].counts if c != targets[j] or free != loose),
-            ((targets, _swap(order, *sorted((where[j], k))), loose) for j in late for k in range(n) if k != where[j]))
+        moves = itertools.chain.from_iterable(itertools.chain(
+            ((targets, _move(order, where[j], k), loose) for k in sorted({0, where[j] // 2, where[j] - 1}) if k < where[j]),
+            ((targets[:j] + (c,) + targets[j + 1:], order, free) for free in (loose, loose ^ {j})
+             for c in sol.hulls[j].counts if c != targets[j] or free != loose)) for j in late)
         for cand in moves:
             if budget <= 0:
                 break
@@ -400,8 +439,10 @@ def _descend(problem: PlanningInput, sol: fluid.FluidSolution, tried: dict, atte
                 break
 
 
-def _swap(order: tuple[int, ...], i: int, k: int) -> tuple[int, ...]:
-    return order[:i] + (order[k],) + order[i + 1:k] + (order[i],) + order[k + 1:]
+def _move(order: tuple[int, ...], i: int, k: int) -> tuple[int, ...]:
+    """`order` with its i-th job moved to place k."""
+    rest = order[:i] + order[i + 1:]
+    return rest[:k] + (order[i],) + rest[k:]
 
 
 @register("omru")
