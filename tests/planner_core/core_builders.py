@@ -81,3 +81,16 @@ def rich_instance(seed: int) -> PlanningInput:
                                         requested_gpus=rng.randint(1, G)))
     return PlanningInput(tuple(jobs), Cluster(nodes, per_node), seed=seed,
                          resize_cost_s=rng.choice([0.0, 5.0, 30.0]))
+
+
+def multi_node_instance(seed: int) -> PlanningInput:
+    """2-6 nodes of 4 GPUs, 5-40 jobs, spread placements up to 2.5x slower, resize cost."""
+    rng = random.Random(seed)
+    nodes, K = rng.randint(2, 6), 4
+    G = nodes * K
+    jobs = []
+    for i, j in enumerate(random_jobs(rng, rng.randint(5, 40), G, monotone=True)):
+        spread = {(g, k): j.profile[g] * rng.uniform(1.0, 2.5)
+                  for g in range(2, G + 1) for k in range(-(-g // K) + 1, min(g, nodes) + 1)}
+        jobs.append(Job(j.id, rng.randint(1, 60), j.profile, placement=spread))
+    return PlanningInput(tuple(jobs), Cluster(nodes, K), resize_cost_s=rng.choice([0.0, 30.0]))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from core_builders import multi_node_instance
 from services.planner.core import fluid, nodepack, validate
 from services.planner.core.model import Plan
 from services.planner.core.nodepack import NodePacker
 from services.planner.core.policies import omru
-from test_packing import multi_node_instance
 
 SEEDS = range(16)
 

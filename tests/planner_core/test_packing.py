@@ -12,26 +12,13 @@ from services.planner.core import fluid, simulator, validate
 from services.planner.core.model import Cluster, Job, Plan, PlanningError, PlanningInput, Segment
 from services.planner.core.packing import Grid, Menu, Packer, grow_tail, plans
 from services.planner.core.policies import omru
-from core_builders import random_jobs, rich_instance
+from core_builders import multi_node_instance, rich_instance
 
 
 def packed(problem: PlanningInput) -> Plan:
     """omru's packing alone (no list-scheduling second opinion)."""
     options = problem.options
     return omru._packed(problem, fluid.solve(problem), options.get("start_s", 0.0), options.get("committed", ()))
-
-
-def multi_node_instance(seed: int) -> PlanningInput:
-    """2-6 nodes of 4 GPUs, 5-40 jobs, spread placements up to 2.5x slower, resize cost."""
-    rng = random.Random(seed)
-    nodes, K = rng.randint(2, 6), 4
-    G = nodes * K
-    jobs = []
-    for i, j in enumerate(random_jobs(rng, rng.randint(5, 40), G, monotone=True)):
-        spread = {(g, k): j.profile[g] * rng.uniform(1.0, 2.5)
-                  for g in range(2, G + 1) for k in range(-(-g // K) + 1, min(g, nodes) + 1)}
-        jobs.append(Job(j.id, rng.randint(1, 60), j.profile, placement=spread))
-    return PlanningInput(tuple(jobs), Cluster(nodes, K), resize_cost_s=rng.choice([0.0, 30.0]))
 
 
 @pytest.mark.parametrize("seed", range(30))
