@@ -100,16 +100,10 @@ def whole_epochs(problem: PlanningInput, time_limit_s: float = 60.0) -> float:
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
-    D = _durations(problem)
+    D = fluid_solution.durations(problem)
     n, G = D.shape
     R = problem.resize_cost_s
-    var: list[tuple[int, int]] = []  # (job, GPU count)
-    for j in range(n):
-        fastest = np.inf
-        for g in sorted(range(1, G + 1), key=lambda g: (g * D[j, g - 1], D[j, g - 1])):
-            if D[j, g - 1] < fastest:
-                fastest = D[j, g - 1]
-                var.append((j, g))
+    var = [(j, g) for j in range(n) for g in fluid_solution.pareto(D[j])]  # (job, GPU count)
     m = len(var)
     # Variables: epochs x_k, then "count used" y_k (binary), then T.
     rows, cols, vals, lo, hi = [], [], [], [], []
@@ -138,7 +132,7 @@ def whole_epochs(problem: PlanningInput, time_limit_s: float = 60.0) -> float:
     bound = getattr(res, "mip_dual_bound", None)
     if bound is None or not np.isfinite(bound):
         raise PlanningError(f"whole-epoch lower bound: MILP solver failed ({res.message})")
-    return float(max(bound, fluid_solution.solve(problem).T))
+    return float(max(bound, fluid_solution.solve(problem, D).T))
 
 
 def all_bounds(problem: PlanningInput) -> LowerBounds:

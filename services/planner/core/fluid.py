@@ -61,15 +61,19 @@ def durations(problem: PlanningInput) -> np.ndarray:
     return D
 
 
-def hull_of(D_row: np.ndarray) -> Hull:
-    """The lower-left convex hull of the points (D(g), g D(g)), g = 1..G."""
-    G = D_row.shape[0]
-    area = D_row * np.arange(1, G + 1)
-    # Pareto front: by ascending area (ties: faster first), keep the strictly faster.
+def pareto(D_row: np.ndarray) -> list[int]:
+    """GPU counts g (1-based) that no other count beats in both time D(g) and area g D(g),
+    by ascending area (ties: the faster)."""
+    area = D_row * np.arange(1, D_row.shape[0] + 1)
     order = np.lexsort((D_row, area))
     d = D_row[order]
     keep = d < np.concatenate(([np.inf], np.minimum.accumulate(d)[:-1]))
-    pts = [(float(D_row[i]), float(area[i]), int(i) + 1) for i in order[keep]]
+    return [int(i) + 1 for i in order[keep]]
+
+
+def hull_of(D_row: np.ndarray) -> Hull:
+    """The lower-left convex hull of the points (D(g), g D(g)), g = 1..G."""
+    pts = [(float(D_row[g - 1]), float(g * D_row[g - 1]), g) for g in pareto(D_row)]
     # Convexity of area as a function of time (times descending along pts).
     hull: list[tuple[float, float, int]] = []
     for p in pts:

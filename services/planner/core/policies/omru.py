@@ -233,11 +233,12 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
     tolerance = problem.options.get("makespan_tolerance", 0.0)
     if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
         raise PlanningError(f"omru: makespan_tolerance must be a share in [0, 1), got {tolerance!r}")
-    sol = fluid.solve(problem)
+    D = fluid.durations(problem)
+    sol = fluid.solve(problem, D)
     small = len(problem.jobs) * problem.cluster.gpus <= LIST_MAX
     plans = [_packed(problem, sol, start_s, committed, (False, True) if small else (False,))]
     if small and problem.cluster.nodes > 1 and not start_s and not committed:
-        plans += _node_packed(problem, sol)
+        plans += _node_packed(problem, sol, D)
     if small:
         listed = _listed(problem, sol, start_s, committed)
         grown = grow_tail(problem, listed[0].segments, _busy(problem, start_s, committed), GROW_ROUNDS)
@@ -251,9 +252,9 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
     return best
 
 
-def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution) -> list[Plan]:
-    """Node packings (core/nodepack.py) for targets f T*, f in NODE_FACTORS."""
-    packer = NodePacker(problem, fluid.durations(problem), _node_schedule)
+def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D) -> list[Plan]:
+    """Node packings (core/nodepack.py) for targets f T*, f in NODE_FACTORS (D: fluid.durations)."""
+    packer = NodePacker(problem, D, _node_schedule)
     busy = [0.0] * problem.cluster.gpus
     plans = []
     for f in NODE_FACTORS:
