@@ -6,7 +6,7 @@ import pytest
 
 from core_builders import multi_node_instance
 from services.planner.core import fluid, nodepack, validate
-from services.planner.core.model import Plan
+from services.planner.core.model import Cluster, Job, Plan, PlanningInput
 from services.planner.core.nodepack import NodePacker
 from services.planner.core.policies import omru
 
@@ -19,21 +19,53 @@ def _pack(p, f: float):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_every_job_runs_on_one_node_and_the_plan_keeps_every_rule(seed):
+def test_every_job_runs_on_one_node_after_a_wide_part_from_the_start_and_the_plan_keeps_every_rule(seed):
     p = multi_node_instance(seed)
     K = p.cluster.gpus_per_node
     for f in (1.0, 1.3):
+        T = f * fluid.solve(p).T
         segments, D = _pack(p, f)
-        fastest_on_a_node = D[:, :K].min(axis=1).max()
+        one_node = D[:, :K].min(axis=1)  # each job's fastest time on one node
         if segments is None:  # only when some job cannot end by the target on one node
-            assert fastest_on_a_node > f * fluid.solve(p).T
+            assert (one_node > T).any()
             continue
         plan = Plan("omru", tuple(segments))
         assert validate.violations(plan, p) == []
-        for job in p.jobs:
-            mine = [s for s in segments if s.job == job.id]
+        wide_nodes = set()
+        for i, job in enumerate(p.jobs):
+            mine = sorted((s for s in segments if s.job == job.id), key=lambda s: s.start_s)
             assert sum(s.epochs for s in mine) == job.epochs
-            assert len({g // K for s in mine for g in s.gpus}) == 1, job.id
+            if one_node[i] > T:  # a wide part on whole nodes of its own from the start, then one node
+                wide, rest = mine[0], mine[1:]
+                assert wide.start_s == 0.0 and len(wide.gpus) > K
+                spanned = {g // K for g in wide.gpus}
+                assert len(spanned) == -(-len(wide.gpus) // K) and not spanned & wide_nodes, job.id
+                wide_nodes |= spanned
+                assert rest and rest[0].start_s >= wide.end_s
+            else:
+                rest = mine
+            assert len({g // K for s in rest for g in s.gpus}) == 1, job.id
+
+
+def test_wide_jobs_run_wide_first_then_on_one_node_and_others_use_their_nodes_after():
+    """Two 4-GPU nodes; job `wide` needs 8 GPUs for part of its epochs to end by T; `short`
+    fits beside it on one node. The wide part holds both nodes from 0, then the wide job's
+    remaining epochs run on one node after a restart while `short` runs on the other."""
+    R = 10.0
+    wide = Job("wide", 10, {g: 100.0 / g for g in range(1, 9)})  # 4 GPUs: 250 s, 8 GPUs: 125 s
+    short = Job("short", 2, {g: 60.0 / g for g in range(1, 9)})
+    p = PlanningInput((wide, short), Cluster(2, 4), resize_cost_s=R)
+    D = fluid.durations(p)
+    T = 220.0
+    segments = NodePacker(p, D, omru._node_schedule).pack(T)
+    assert validate.violations(Plan("omru", tuple(segments)), p) == []
+    w = sorted((s for s in segments if s.job == "wide"), key=lambda s: s.start_s)
+    # fewest wide epochs x with (10 - x) 25 + x 12.5 + R <= 220: x = 4
+    assert [(s.start_s, len(s.gpus), s.epochs) for s in w] == [(0.0, 8, 4), (50.0, 4, 6)]
+    assert w[1].end_s == pytest.approx(50.0 + R + 6 * 25.0)
+    (s,) = [s for s in segments if s.job == "short"]
+    assert s.start_s >= 50.0 and {g // 4 for g in s.gpus} != {g // 4 for g in w[1].gpus}
+    assert max(x.end_s for x in segments) <= T
 
 
 def test_moves_between_nodes_never_end_a_packing_later_and_sometimes_earlier(monkeypatch):

@@ -44,9 +44,11 @@
    engine passes that falls with the batch's size (RUNS).
 4. Node packing (core/nodepack.py), on the same batches when the cluster
    has several nodes and nothing is committed, for targets f T* (f in
-   NODE_FACTORS) that every job can meet on one node: each job on one
-   node, each node's jobs list-scheduled on it alone (NODE_SLACK), jobs
-   moved between nodes; the job that ends last then grows as in step 2.
+   NODE_FACTORS): each job on one node, each node's jobs list-scheduled on
+   it alone (NODE_SLACK), jobs moved between nodes; the few jobs that
+   cannot meet the target on one node first run part of their epochs wide,
+   on whole nodes of their own from the start. The job that ends last then
+   grows as in step 2.
 5. The plan with the least makespan wins (then fewer resizes, then the
    earlier job completions). Option `makespan_tolerance` (a share, default
    0): makespans within it of the least count as equal, among the packings
@@ -69,7 +71,7 @@ from dataclasses import dataclass, field
 
 from services.planner.core import fluid
 from services.planner.core.engine import EPS, Engine, resizes
-from services.planner.core.model import Plan, PlanningError, PlanningInput
+from services.planner.core.model import Plan, PlanningError, PlanningInput, Segment
 from services.planner.core.nodepack import NodePacker
 from services.planner.core.packing import Packer, grow_tail, wide_epochs
 from services.planner.core.registry import register
@@ -111,7 +113,7 @@ FAMILIES = (("lpt", False, False, False, False), ("lpt", True, True, False, Fals
             ("lpt", True, True, False, True), ("stiff", True, False, False, True), ("lpt", True, True, True, True))
 #: Node-packing targets, as multiples of T* (core/nodepack.py), and the targets each node's
 #: list schedules try, as multiples of the node-packing target.
-NODE_FACTORS = (1.0, 1.01)
+NODE_FACTORS = (1.0, 1.01, 1.04, 1.06)
 NODE_SLACK = (1.0, 1.05, 1.1, 1.2)
 #: The families the sweep tries first at every main target.
 LEAD = 2
@@ -264,15 +266,20 @@ def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D) -> list[Pl
     return plans
 
 
-def _node_schedule(sub: PlanningInput, hulls: tuple[fluid.Hull, ...], T: float) -> tuple | None:
-    """The best of a few list schedules of one node's jobs (longest first at targets T and
-    somewhat above, with and without the mix, fit and deadline); None if none places them all."""
+def _node_schedule(sub: PlanningInput, hulls: tuple[fluid.Hull, ...], T: float, start: float = 0.0,
+                   after: dict | None = None) -> tuple | None:
+    """The best of a few list schedules of one node's jobs from `start` (longest first at targets
+    T and somewhat above, with and without the mix, fit and deadline); jobs in `after` start once
+    their wide part elsewhere ends, with a restart. None if none places them all."""
+    # A wide part is history on no GPU of this node: the engine holds the job until it ends.
+    before = [Segment(sub.jobs[i].id, 0.0, t, (), 1) for i, t in (after or {}).items()]
     best = None
     for f in NODE_SLACK:
-        targets = [_target(h, f * T) for h in hulls]
+        targets = [_target(h, f * T - start) for h in hulls]
         order = sorted(range(len(hulls)), key=lambda j: (-sub.jobs[j].duration(targets[j]), j))
         for deadline, fit, mix in ((f * T, False, True), (f * T, True, True), (f * T, False, False), (math.inf, False, False)):
-            plan = Engine(sub, _Omru(list(targets), list(order), hulls, deadline, fit, False, mix)).run("omru")
+            policy = _Omru(list(targets), list(order), hulls, deadline, fit, False, mix)
+            plan = Engine(sub, policy, start_s=start, committed=before).run("omru")
             if not plan.unplaced and (best is None or plan.makespan_s < best.makespan_s):
                 best = plan
     return None if best is None else best.segments
