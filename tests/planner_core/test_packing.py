@@ -84,6 +84,26 @@ def test_small_jobs_share_a_node_instead_of_taking_one_each():
     assert {len(s.gpus) for s in plan.segments} == {1}
 
 
+def test_jobs_of_a_bundle_that_ends_late_go_onto_whole_nodes_of_their_own_when_that_ends_by_the_target():
+    """Two nodes, target 100 s: X and Y take a node each for 65 s; four small jobs are cheapest on
+    one GPU each (45 s), so they share a node in a 45 s bundle that fits after neither. Alone on
+    a node each (11.5 s), two after X and two after Y, everything ends by 88 s."""
+    def job(name, t1, t4, t3):
+        return Job(name, 1, {1: t1, 2: t1 / 2 + 1, 3: t3, **{g: t4 for g in range(4, 9)}})
+
+    big = [job(n, 260.0, 65.0, 90.0) for n in "XY"]
+    small = [job(f"s{i}", 45.0, 11.5, 16.0) for i in range(4)]
+    p = PlanningInput(tuple(big + small), Cluster(2, 4))
+    packer = Packer(p)
+    assert [it.job for it in packer.items(100.0) if it.job < 0] == [-1]  # one bundle
+    once = packer.segments(*packer.pack(100.0, rounds=1))  # one round: no second try
+    assert max(s.end_s for s in once) > 100.0
+    segments = packer.segments(*packer.pack(100.0, rounds=8))
+    assert validate.violations(Plan("omru", tuple(segments)), p) == []
+    assert max(s.end_s for s in segments) == pytest.approx(65.0 + 2 * 11.5)
+    assert all(len(s.gpus) == 4 for s in segments if s.job.startswith("s"))
+
+
 def test_the_job_that_ends_last_grows_onto_a_node_left_idle():
     # A long job on node 0, a short one on node 1: once node 1 is idle the long job takes it too.
     long = Job("long", 100, {g: 40.0 / g for g in range(1, 9)})

@@ -8,7 +8,8 @@ in either order. Plans are placed longest first, each at the earliest time
 the grid has room for it (its plan recomputed for the window left when that
 is later, then fitted to the units free then), so the jobs that need all of
 [0, T] start at once and short ones fill the holes. Rounds that move the
-items that ended late to the front follow.
+items that ended late to the front follow, then, if items still end late,
+rounds where the jobs of bundles that ended late get whole nodes.
 
 The grid counts `units`: GPUs on a one-node cluster, else whole nodes. On
 several nodes a job gets whole nodes (its GPU count a multiple of the node
@@ -219,39 +220,48 @@ class Packer:
 
         Longest first (long bundles, which cannot change shape, before the
         rest); each further round moves the items that ended after T to the
-        front and packs again. Returns the grid that ends first.
+        front and packs again. If items still end late, half as many rounds
+        follow with the jobs of the bundles that ended late in the best round
+        on whole nodes of their own (on a whole node a job runs shorter and
+        finds room where a long bundle does not). Returns the grid that ends
+        first.
         """
-        items = self.items(T)
-        order = sorted(range(len(items)), key=lambda i: (not (items[i].job < 0 and items[i].length_s > T / 2),
-                                                       -items[i].length_s, i))
-        best = None
-        for _ in range(rounds):
-            grid = self.place(items, order, T)
-            end = grid.top
-            if best is None or end < best[0]:
-                best = (end, grid, [dataclasses.replace(it) for it in items])
-            late = [i for i in order if items[i].end() * grid.dt > T * (1 + 1e-9)]
-            if not late:
+        best, solo = None, set()
+        for tries in (rounds, rounds // 2):
+            if not tries:
                 break
-            first = set(late)
-            order = late + [i for i in order if i not in first]
+            items = self.items(T, solo)
+            order = sorted(range(len(items)), key=lambda i: (not (items[i].job < 0 and items[i].length_s > T / 2),
+                                                           -items[i].length_s, i))
+            for _ in range(tries):
+                grid = self.place(items, order, T)
+                late = [i for i in order if items[i].end() * grid.dt > T * (1 + 1e-9)]
+                if best is None or grid.top < best[0]:
+                    best = (grid.top, grid, [dataclasses.replace(it) for it in items],
+                            {j for i in late if items[i].job < 0 for j, *_ in items[i].lanes})
+                if not late:
+                    return best[1], best[2]
+                first = set(late)
+                order = late + [i for i in order if i not in first]
+            if not best[3] - solo:
+                break
+            solo |= best[3]
         return best[1], best[2]
 
-    def items(self, T: float) -> list[Item]:
-        """One item per job, except jobs best served by part of a node, which go into bundles."""
+    def items(self, T: float, solo: set[int] = frozenset()) -> list[Item]:
+        """One item per job, except jobs best served by part of a node (and not in `solo`),
+        which go into bundles."""
         items, small = [], []
         for j in range(len(self.p.jobs)):
             W = T - (self.not_before[j] - self.start_s)
             big = plans(self.menus[j], self.epochs[j], W, self.rc)
-            little = self._small(j, W)
+            little = None if j in solo else self._small(j, W)
             if little is not None and (not big or little[0] <= big[0][0]) and self.not_before[j] <= self.start_s:
                 small.append((little[2], j, little[1]))
             else:
-                items.append(Item(j))
-        items += self._bundles(small)
-        for it in items:
-            it.length_s = it.length_s or self._span(it.job, T)
-        return items
+                parts = big[0][1] if big else fastest(self.menus[j], self.epochs[j])
+                items.append(Item(j, length_s=self._seconds(j, parts)))
+        return items + self._bundles(small)
 
     def place(self, items: list[Item], order: list[int], T: float) -> Grid:
         grid = Grid(self.units, T / BUCKETS)
@@ -282,12 +292,6 @@ class Packer:
             return None
         g = int(np.argmin(np.where(ok, area, np.inf))) + 1
         return float(area[g - 1]), g, float(d[g - 1])
-
-    def _span(self, j: int, T: float) -> float:
-        W = T - (self.not_before[j] - self.start_s)
-        options = plans(self.menus[j], self.epochs[j], W, self.rc)
-        parts = options[0][1] if options else fastest(self.menus[j], self.epochs[j])
-        return self._seconds(j, parts)
 
     def _seconds(self, j: int, parts) -> float:
         tau = self.menus[j].tau

@@ -10,7 +10,8 @@
    hull counts rounded to whole epochs, with one resize), placed longest
    first at the earliest time a grid of whole nodes has room for it; jobs
    served best by part of a node share nodes in bundles. Items that end late
-   go first in the next round. Every job runs on as few nodes as its count
+   go first in the next round; the jobs of bundles that still end late get
+   whole nodes in the last rounds. Every job runs on as few nodes as its count
    allows, so the time planned is the time of the placement it gets. Last,
    the job that ends last grows onto GPUs nothing uses any more (on its
    node, or whole nodes) while that ends it earlier (packing.grow_tail; the
@@ -77,7 +78,7 @@ from services.planner.core.packing import Packer, grow_tail, wide_epochs
 from services.planner.core.registry import register
 
 #: Packing targets, as multiples of T*, tried in order while they can still win.
-PACK_FACTORS = (1.0, 1.01, 1.02, 1.03, 1.05, 1.08, 1.12, 1.2, 1.35, 1.6, 2.0, 3.0)
+PACK_FACTORS = (1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.08, 1.12, 1.2, 1.35, 1.6, 2.0, 3.0)
 #: Packing rounds per target (items that end late move to the front).
 PACK_ROUNDS = 8
 #: Times the job that ends a plan last may grow onto GPUs left idle (packing.grow_tail).
