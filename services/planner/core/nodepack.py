@@ -4,9 +4,10 @@ Used by the `omru` policy (policies/omru.py). In the fluid optimum of a
 batch with more GPUs than jobs, every job runs all the time on few GPUs;
 list scheduling over the whole cluster instead starts the first jobs of its
 order on the counts that meet T and leaves the rest to start late and wide.
-Here each job is given to a node first, by the GPU-seconds it needs on one
-node to end by T (its hull over 1..K GPUs; the largest to the least loaded
-node where it can still end by T), then each node's jobs are list-scheduled
+Here each job is given to a node first, the longest first (its time on the
+fewest GPUs of one node that end it by T), each to the node with the fewest
+GPU-seconds given where it can still end by T (its hull over 1..K GPUs
+says how many it needs there), then each node's jobs are list-scheduled
 on its K GPUs alone (by `schedule`, which the caller provides), then jobs
 move or swap between the node that ends last and the others while that
 ends the pair earlier. The nodes' plans side by side are a plan for the
@@ -138,7 +139,11 @@ class NodePacker:
         def need(j: int, n: int) -> float:  # GPU-seconds job j needs on node n to end by T
             return self.hulls[j].area_within(T - max(self.free[n], self.after[j]))
 
-        for j in sorted(range(len(self.jobs)), key=lambda j: (-self.hulls[j].area_within(T - self.after[j]), j)):
+        def seconds(j: int) -> float:  # on the fewest GPUs of one node that end it by T
+            h, W = self.hulls[j], T - self.after[j]
+            return next((t for t in h.times if t <= W * (1 + 1e-12)), h.times[-1])
+
+        for j in sorted(range(len(self.jobs)), key=lambda j: (-seconds(j), j)):
             fits = [n for n in range(N) if not math.isinf(need(j, n))]
             if not fits:
                 return None
