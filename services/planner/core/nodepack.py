@@ -171,7 +171,8 @@ class NodePacker:
         if that ends both earlier than it does now (the first such move, largest jobs first)."""
         w = max(range(len(nodes)), key=lambda n: (ends[n], -n))
         # A node's jobs need at least sum_j A_j(e - after_j) GPU-seconds between when it is
-        # free and e: moves that leave either node more than that cannot end it by e = ends[w].
+        # free and e: a move that leaves either node needing K (e - free) or more cannot end it
+        # by e = ends[w].
         e = ends[w]
         area = [h.area_within(T - a) for h, a in zip(self.hulls, self.after)]
         need = [h.area_within(e - a) for h, a in zip(self.hulls, self.after)]

@@ -248,7 +248,7 @@ class Packer:
             solo |= best[3]
         return best[1], best[2]
 
-    def items(self, T: float, solo: set[int] = frozenset()) -> list[Item]:
+    def items(self, T: float, solo: set[int] | frozenset[int] = frozenset()) -> list[Item]:
         """One item per job, except jobs best served by part of a node (and not in `solo`),
         which go into bundles."""
         items, small = [], []
