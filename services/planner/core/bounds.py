@@ -33,18 +33,12 @@ class LowerBounds:
         return {"length_s": self.length_s, "area_s": self.area_s, "fluid_s": self.fluid_s, "static_s": self.static_s}
 
 
-def _durations(problem: PlanningInput) -> np.ndarray:
-    """D[j, g-1] for g = 1..G."""
-    G = problem.cluster.gpus
-    return np.array([[j.duration(g) for g in range(1, G + 1)] for j in problem.jobs], dtype=float)
-
-
 def length(problem: PlanningInput) -> float:
-    return float(_durations(problem).min(axis=1).max())
+    return float(fluid_solution.durations(problem).min(axis=1).max())
 
 
 def area(problem: PlanningInput) -> float:
-    D = _durations(problem)
+    D = fluid_solution.durations(problem)
     g = np.arange(1, D.shape[1] + 1)
     return float((D * g).min(axis=1).sum() / D.shape[1])
 
@@ -54,7 +48,7 @@ def fluid(problem: PlanningInput) -> float:
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
-    D = _durations(problem)
+    D = fluid_solution.durations(problem)
     n, G = D.shape
     nv = n * G + 1  # x_jg row-major, then T
     c = np.zeros(nv)
@@ -79,7 +73,7 @@ def fluid(problem: PlanningInput) -> float:
 
 
 def static(problem: PlanningInput) -> float:
-    D = _durations(problem)
+    D = fluid_solution.durations(problem)
     n, G = D.shape
     area_of = D * np.arange(1, G + 1)
     lo = length(problem)

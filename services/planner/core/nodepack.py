@@ -65,20 +65,23 @@ class NodePacker:
     def _use(self, wide: tuple[tuple[int, int, int], ...]) -> None:
         """Plan with wide parts `wide` ((job, count, epochs), ...) from time 0: the jobs that are
         left for the nodes, their hulls on one node, when each may start there (after its wide
-        part) and when each node is free."""
+        part), when each node is free, and the wide parts' segments."""
         self.wide = wide
         self.jobs = list(self.p.jobs)
         self.hulls = list(self.one_node)
         self.after = [0.0] * len(self.jobs)
         self.free = [0.0] * self.N
+        self.wide_parts: list[Segment] = []  # on whole nodes from the first
         n0 = 0
         for j, c, x in wide:
-            E = self.jobs[j].epochs
-            self.jobs[j] = dataclasses.replace(self.jobs[j], epochs=E - x)
-            self.hulls[j] = fluid.hull_of(self.D[j, :self.K] * (E - x) / E)
+            job = self.jobs[j]
+            self.jobs[j] = dataclasses.replace(job, epochs=job.epochs - x)
+            self.hulls[j] = fluid.hull_of(self.D[j, :self.K] * (job.epochs - x) / job.epochs)
             m = -(-c // self.K)
-            self.after[j] = self.jobs[j].arrival_s + x * self.jobs[j].epoch_seconds(c, m)
+            self.after[j] = job.arrival_s + x * job.epoch_seconds(c, m)
             self.free[n0:n0 + m] = [self.after[j]] * m
+            gpus = tuple(range(n0 * self.K, n0 * self.K + c))
+            self.wide_parts.append(Segment(job.id, job.arrival_s, self.after[j], gpus, x))
             n0 += m
 
     def node(self, jobs: list[int], T: float, start: float = 0.0) -> tuple[float, tuple[Segment, ...]]:
@@ -156,11 +159,7 @@ class NodePacker:
             pass
         if math.isinf(max(ends)):
             return None
-        out, n0 = [], 0
-        for j, c, x in wide:  # the wide parts, on whole nodes from the first
-            job = self.p.jobs[j]
-            out.append(Segment(job.id, job.arrival_s, self.after[j], tuple(range(n0 * K, n0 * K + c)), x))
-            n0 += -(-c // K)
+        out = list(self.wide_parts)
         for n, nd in enumerate(nodes):
             for s in self.node(nd, T, self.free[n])[1]:
                 out.append(Segment(s.job, s.start_s, s.end_s, tuple(n * K + g for g in s.gpus), s.epochs))
