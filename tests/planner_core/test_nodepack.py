@@ -82,3 +82,47 @@ def test_moves_between_nodes_never_end_a_packing_later_and_sometimes_earlier(mon
         assert end <= first * (1 + 1e-9), seed
         earlier += end < first * (1 - 1e-6)
     assert earlier >= 2
+
+
+@pytest.mark.parametrize("seed", SEEDS[:8])
+def test_column_generation_packings_end_by_their_target_one_node_per_job_and_keep_every_rule(seed):
+    p = multi_node_instance(seed)
+    K = p.cluster.gpus_per_node
+    D = fluid.durations(p)
+    packer = NodePacker(p, D, omru._node_schedule)
+    found = 0
+    for f in (1.1, 1.3):
+        T = f * fluid.solve(p).T
+        segments = packer.pack(T, columns=True)
+        if segments is None:
+            continue
+        found += 1
+        assert validate.violations(Plan("omru", tuple(segments)), p) == []
+        assert max(s.end_s for s in segments) <= T * (1 + 1e-9)
+        for job in p.jobs:
+            mine = sorted((s for s in segments if s.job == job.id), key=lambda s: s.start_s)
+            assert sum(s.epochs for s in mine) == job.epochs
+            rest = mine[1:] if len(mine[0].gpus) > K else mine  # after a wide part, if any
+            assert len({g // K for s in rest for g in s.gpus}) == 1, job.id
+    assert found  # at 1.3 T* at least (these instances always fit then)
+
+
+def test_column_generation_finds_the_one_exact_partition_of_rigid_jobs_onto_nodes():
+    """Eight one-epoch jobs that only run well on a whole node (4 GPUs), 500, 500, 400, 400,
+    300, 300, 300 and 300 s there, on three nodes by T = 1,000 s: the nodes must run exactly
+    {500, 500}, {400, 300, 300} and {400, 300, 300} back to back."""
+    G = 12
+
+    def rigid(name: str, d: float) -> Job:
+        return Job(name, 1, {g: (10 * d if g < 4 else d) for g in range(1, G + 1)})
+
+    lengths = (500, 500, 400, 400, 300, 300, 300, 300)
+    p = PlanningInput(tuple(rigid(f"j{i}", d) for i, d in enumerate(lengths)), Cluster(3, 4))
+    segments = NodePacker(p, fluid.durations(p), omru._node_schedule).pack(1000.0, columns=True)
+    assert segments is not None and validate.violations(Plan("omru", tuple(segments)), p) == []
+    assert max(s.end_s for s in segments) == pytest.approx(1000.0)
+    by_node: dict[int, list[int]] = {}
+    for s in segments:
+        assert len(s.gpus) == 4
+        by_node.setdefault(s.gpus[0] // 4, []).append(lengths[int(s.job[1:])])
+    assert sorted(sorted(d) for d in by_node.values()) == [[300, 300, 400], [300, 300, 400], [500, 500]]

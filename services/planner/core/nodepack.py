@@ -14,6 +14,16 @@ ends the pair earlier. The nodes' plans side by side are a plan for the
 cluster: a job on one node runs at its best placement, so the times planned
 are the times it gets.
 
+Greedy assignment sees GPU-seconds, not whether a node's jobs fit in time
+(two one-epoch jobs that each need a whole node for 0.6 T cannot share one);
+column generation (`pack(T, columns=True)`) sees both. Jobs alike on one
+node form a type; a pattern is a set of jobs of each type that one node ends
+by T (its list schedule says so). An LP over the patterns found covers every
+job with the fewest nodes; its duals price new patterns (greedy fills by
+value per GPU-second, one- and two-job changes to the patterns in use), the
+best checked first, until no check finds one; then an integer program over
+the patterns gives each node its pattern, or the target is missed.
+
 Wide jobs, the few (at most WIDE_JOBS) that cannot end by T on one node,
 first run some epochs wide on whole nodes of their own, all at once from
 the start (or their arrival), then the rest on one node like the others,
@@ -31,9 +41,12 @@ import itertools
 import math
 from collections.abc import Callable
 
+import numpy as np
+from scipy.optimize import LinearConstraint, linprog, milp
+
 from services.planner.core import fluid
 from services.planner.core.model import Cluster, PlanningInput, Segment
-from services.planner.core.packing import wide_epochs
+from services.planner.core.packing import Menu, plans, wide_epochs
 
 #: Node plans (list schedules of one node's jobs) built at most per target and choice of wide parts.
 EVALS = 600
@@ -42,10 +55,21 @@ EVALS = 600
 WIDE_JOBS = 3
 WIDE_COUNTS = 4
 WIDE_CHOICES = 2
+#: Column generation (NodePacker._columns): node plans built at most per target and choice of
+#: wide parts, patterns checked at most per pricing round (the best reduced costs), greedy
+#: fills per node class, types tried as the second job of a change, and branch-and-bound nodes
+#: the integer program may explore.
+COLUMN_EVALS = 600
+COLUMN_CHECKS = 40
+FILL_STARTS = 12
+CHANGE_TYPES = 20
+MILP_NODES = 2000
 
 #: (one node's jobs, their hulls on it, target, when the node is free, {job: when its wide part
-#: ends}) -> segments on GPUs 0..K-1, or None.
-Schedule = Callable[[PlanningInput, tuple[fluid.Hull, ...], float, float, dict], tuple[Segment, ...] | None]
+#: ends}, None or a time: the first plan found that ends by it will do) -> segments on GPUs
+#: 0..K-1, or None.
+Schedule = Callable[[PlanningInput, tuple[fluid.Hull, ...], float, float, dict, float | None],
+                    tuple[Segment, ...] | None]
 
 
 class NodePacker:
@@ -84,10 +108,12 @@ class NodePacker:
             self.wide_parts.append(Segment(job.id, job.arrival_s, self.after[j], gpus, x))
             n0 += m
 
-    def node(self, jobs: list[int], T: float, start: float = 0.0) -> tuple[float, tuple[Segment, ...]]:
+    def node(self, jobs: list[int], T: float, start: float = 0.0,
+             by: float | None = None) -> tuple[float, tuple[Segment, ...]]:
         """(end, segments on GPUs 0..K-1) of the jobs `jobs` alone on one node free from `start`
-        (end inf when `schedule` cannot place them)."""
-        key = (tuple(sorted(jobs)), T, start, self.wide)
+        (end inf when `schedule` cannot place them); with `by`, the first plan found that ends
+        by then, if any."""
+        key = (tuple(sorted(jobs)), T, start, self.wide, by)
         if key not in self._plans:
             self.left -= 1
             if not jobs:
@@ -96,19 +122,22 @@ class NodePacker:
                 sub = PlanningInput(tuple(self.jobs[j] for j in key[0]), Cluster(1, self.K),
                                     resize_cost_s=self.p.resize_cost_s)
                 after = {i: self.after[j] for i, j in enumerate(key[0]) if self.after[j]}
-                segs = self.schedule(sub, tuple(self.hulls[j] for j in key[0]), T, start, after)
+                segs = self.schedule(sub, tuple(self.hulls[j] for j in key[0]), T, start, after, by)
                 self._plans[key] = (math.inf, ()) if segs is None else (max(s.end_s for s in segs), segs)
         return self._plans[key]
 
-    def pack(self, T: float) -> list[Segment] | None:
+    def pack(self, T: float, columns: bool = False) -> list[Segment] | None:
         """Segments for target T, or None when some job cannot end by T on one node after its
-        wide part (or some node's jobs cannot be placed)."""
+        wide part (or some node's jobs cannot be placed). The jobs go to nodes greedily, then
+        move between them; with `columns`, by column generation instead (`_columns`), which
+        returns only packings that end by T."""
         wide = [j for j, h in enumerate(self.one_node) if math.isinf(h.area_within(T))]
         if len(wide) > WIDE_JOBS:
             return None
+        build = self._columns if columns else self._pack
         best = None
         for choice in self._choices(wide, T):  # () when no job is wide
-            segments = self._pack(T, choice)
+            segments = build(T, choice)
             if segments is not None and (best is None or max(s.end_s for s in segments) < max(s.end_s for s in best)):
                 best = segments
         return best
@@ -153,16 +182,23 @@ class NodePacker:
             n = min(fits, key=lambda n: (load[n], n))
             nodes[n].append(j)
             load[n] += need(j, n)
+        return self._segments(nodes, T)
+
+    def _segments(self, nodes: list[list[int]], T: float) -> list[Segment] | None:
+        """The wide parts and node n's plan of its jobs nodes[n] on its GPUs (`node`), for every
+        node, after moves between nodes (`_improve`, EVALS node plans at most); None if some
+        node's jobs cannot be placed."""
         self.left = EVALS
         ends = [self.node(nd, T, self.free[n])[0] for n, nd in enumerate(nodes)]
         while self.left > 0 and self._improve(nodes, ends, T):
             pass
-        if math.isinf(max(ends)):
-            return None
         out = list(self.wide_parts)
         for n, nd in enumerate(nodes):
-            for s in self.node(nd, T, self.free[n])[1]:
-                out.append(Segment(s.job, s.start_s, s.end_s, tuple(n * K + g for g in s.gpus), s.epochs))
+            end, segments = self.node(nd, T, self.free[n])
+            if math.isinf(end):
+                return None
+            out += [Segment(s.job, s.start_s, s.end_s, tuple(n * self.K + g for g in s.gpus), s.epochs)
+                    for s in segments]
         return out
 
     def _improve(self, nodes: list[list[int]], ends: list[float], T: float) -> bool:
@@ -195,3 +231,133 @@ class NodePacker:
                         nodes[w], nodes[m], ends[w], ends[m] = a, b, ea, eb
                         return True
         return False
+
+    # ------------------------------------------------------------ column generation
+
+    def _columns(self, T: float, wide: tuple[tuple[int, int, int], ...]) -> list[Segment] | None:
+        """Jobs to nodes as node patterns (Gilmore-Gomory): a pattern is a node class (nodes free
+        at the same time) and how many jobs of each type (jobs alike on one node) one node of
+        it runs, kept when the node's plan of them ends by T. The LP over the patterns found
+        (cover every job, no class holding more nodes than it has, fewest nodes of the first)
+        prices new patterns: greedy fills by dual value per GPU-second, and one- or two-job
+        changes to the patterns it uses, the best reduced costs checked first. When no check
+        finds one, an integer program picks whole patterns; None unless they fit the cluster."""
+        self._use(wide)
+        K = self.K
+        frees = sorted(set(self.free))  # node classes; the first takes any overflow
+        nodes_of = [[n for n in range(self.N) if self.free[n] == f] for f in frees]
+        groups: dict[tuple, list[int]] = {}
+        for j, job in enumerate(self.jobs):
+            groups.setdefault((job.epochs, job.arrival_s, self.after[j], self.D[j, :K].tobytes()), []).append(j)
+        types = list(groups.values())
+        count = np.array([len(g) for g in types], dtype=float)
+        # GPU-seconds a job of each type needs on a node of each class (whole epochs).
+        area = np.array([[self._area(g[0], T - max(f, self.after[g[0]])) for g in types] for f in frees])
+        area[np.isinf(area)] = 1e300  # none: more than any room, and 0 of it still counts 0
+        room = [K * (T - f) * (1 + 1e-9) for f in frees]
+        self.left = COLUMN_EVALS
+
+        by = T * (1 + 1e-9)  # a node plan that ends by T will do
+
+        def fits(c: int, a: tuple[int, ...]) -> bool:
+            jobs = [j for t, k in enumerate(a) for j in types[t][:k]]
+            return self.node(jobs, T, frees[c], by)[0] <= by
+
+        cols = [(c, tuple(row)) for t, row in enumerate(np.eye(len(types), dtype=int).tolist())
+                for c in range(len(frees)) if area[c, t] <= room[c] and fits(c, tuple(row))]
+        if len({t for _, a in cols for t in np.flatnonzero(a)}) < len(types):
+            return None  # some type fits no node
+        held = np.array([len(nodes_of[k]) for k in range(1, len(frees))], dtype=float)
+
+        def program() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """Objective (nodes of the first class), cover matrix (type x pattern), class rows."""
+            cost = np.array([float(c == 0) for c, _ in cols])
+            cover = np.array([a for _, a in cols], dtype=float).T
+            classes = np.array([[float(c == k) for c, _ in cols] for k in range(1, len(frees))]).reshape(-1, len(cols))
+            return cost, cover, classes
+
+        seen = set(cols)
+        while self.left > 0:
+            cost, cover, classes = program()
+            lp = linprog(cost, A_ub=np.vstack((-cover, classes)), b_ub=np.concatenate((-count, held)),
+                         bounds=(0, None), method="highs")
+            if lp.status != 0:
+                return None
+            y = -lp.ineqlin.marginals[:len(types)]  # what a job of each type is worth, in nodes
+            z = np.concatenate(([0.0], lp.ineqlin.marginals[len(types):]))  # a node of each class, <= 0
+            new = set()
+            for c in range(len(frees)):
+                new |= self._fills(y, area[c], count, room[c], c)
+            for k in np.flatnonzero(lp.x > 1e-9):
+                new |= self._changes(*cols[k], y, count)
+            priced = sorted((float(c == 0) - z[c] - y @ a, (c, a)) for c, a in new - seen if area[c] @ a <= room[c])
+            found = 0
+            for reduced, col in priced:
+                if reduced > -1e-6 or self.left <= 0 or found >= COLUMN_CHECKS:
+                    break
+                seen.add(col)
+                if fits(*col):
+                    cols.append(col)
+                    found += 1
+            if not found:
+                break
+        cost, cover, classes = program()
+        rules = [LinearConstraint(cover, count, np.inf)] + ([LinearConstraint(classes, 0, held)] if len(held) else [])
+        ip = milp(cost, integrality=np.ones(len(cols)), constraints=rules, options={"node_limit": MILP_NODES})
+        if ip.x is None or round(ip.fun) > len(nodes_of[0]):
+            return None
+        pools = [list(g) for g in types]
+        nodes: list[list[int]] = [[] for _ in range(self.N)]
+        for k in np.flatnonzero(np.round(ip.x)):
+            c, a = cols[k]
+            for _ in range(round(ip.x[k])):
+                nd = nodes[nodes_of[c].pop()]
+                for t, m in enumerate(a):  # patterns may cover a type more than once: the rest
+                    nd += pools[t][:m]     # run one job fewer, or none
+                    del pools[t][:m]
+        segments = self._segments(nodes, T)  # each node's best plan, not the first that ends by T
+        return segments if segments is not None and max(s.end_s for s in segments) <= by else None
+
+    def _area(self, j: int, W: float) -> float:
+        """Least GPU-seconds for job j on one node within W, in whole epochs (inf if none)."""
+        E = self.jobs[j].epochs
+        menu = Menu(self.D[j, :self.K] / self.p.jobs[j].epochs, self.hulls[j].counts, 1)
+        options = plans(menu, E, W, self.p.resize_cost_s)
+        return options[0][0] if options else math.inf
+
+    @staticmethod
+    def _fills(y: np.ndarray, area: np.ndarray, count: np.ndarray, room: float, c: int) -> set:
+        """Patterns of class c filled greedily by y / area, one from each of the best types."""
+        order = [t for t in np.argsort(-y / area, kind="stable") if y[t] > 1e-9 and area[t] <= room]
+        out = set()
+        for first in order[:FILL_STARTS]:
+            a = [0] * len(y)
+            a[first], used = 1, area[first]
+            for t in order:
+                k = int(min(count[t] - a[t], (room - used) // area[t]))
+                if k > 0:
+                    a[t] += k
+                    used += k * area[t]
+            out.add((c, tuple(a)))
+        return out
+
+    @staticmethod
+    def _changes(c: int, a: tuple[int, ...], y: np.ndarray, count: np.ndarray) -> set:
+        """Pattern (c, a) with a job of a type worth something added, or one of its jobs
+        swapped for such a job, or for two (the second of the CHANGE_TYPES worth most)."""
+        worth = [t for t in np.argsort(-y, kind="stable") if y[t] > 1e-9]
+        out = set()
+        for t in worth:
+            b = list(a)
+            b[t] += 1
+            out.add(tuple(b))
+            for s in np.flatnonzero(a):
+                if s == t:
+                    continue
+                b = list(a)
+                b[s] -= 1
+                b[t] += 1
+                out.add(tuple(b))
+                for u in worth[:CHANGE_TYPES]:
+                    out.add(tuple(b[:u]) + (b[u] + 1,) + tuple(b[u + 1:]))
+        return {(c, b) for b in out if all(k <= n for k, n in zip(b, count))}

@@ -48,8 +48,10 @@
    NODE_FACTORS): each job on one node, each node's jobs list-scheduled on
    it alone (NODE_SLACK), jobs moved between nodes; the few jobs that
    cannot meet the target on one node first run part of their epochs wide,
-   on whole nodes of their own from the start. The job that ends last then
-   grows as in step 2.
+   on whole nodes of their own from the start. Then jobs go to nodes by
+   column generation (node patterns, an LP and an integer program) for
+   COLUMN_STEPS targets bisecting between T* and the best plan so far. The
+   job that ends last then grows as in step 2.
 5. The plan with the least makespan wins (then fewer resizes, then the
    earlier job completions). Option `makespan_tolerance` (a share, default
    0): makespans within it of the least count as equal, among the packings
@@ -116,6 +118,8 @@ FAMILIES = (("lpt", False, False, False, False), ("lpt", True, True, False, Fals
 #: list schedules try, as multiples of the node-packing target.
 NODE_FACTORS = (1.0, 1.01, 1.04, 1.06)
 NODE_SLACK = (1.0, 1.05, 1.1, 1.2)
+#: Targets node packing by column generation tries (bisecting; NodePacker.pack with columns).
+COLUMN_STEPS = 3
 #: The families the sweep tries first at every main target.
 LEAD = 2
 
@@ -240,14 +244,14 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
     sol = fluid.solve(problem, D)
     small = len(problem.jobs) * problem.cluster.gpus <= LIST_MAX
     plans = [_packed(problem, sol, start_s, committed, (False, True) if small else (False,))]
-    if small and problem.cluster.nodes > 1 and not start_s and not committed:
-        plans += _node_packed(problem, sol, D)
     if small:
         listed = _listed(problem, sol, start_s, committed)
         grown = grow_tail(problem, listed[0].segments, _busy(problem, start_s, committed), GROW_ROUNDS)
         plans.append(dataclasses.replace(listed[0], segments=tuple(grown)))
         if tolerance:
             plans += listed[1:]
+    if small and problem.cluster.nodes > 1 and not start_s and not committed:
+        plans += _node_packed(problem, sol, D, min(p.makespan_s for p in plans if not p.unplaced))
     best = min(plans, key=_score)
     if tolerance and not best.unplaced:  # makespans this close count as equal
         near = [p for p in plans if not p.unplaced and p.makespan_s <= best.makespan_s * (1 + tolerance)]
@@ -255,23 +259,41 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
     return best
 
 
-def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D) -> list[Plan]:
-    """Node packings (core/nodepack.py) for targets f T*, f in NODE_FACTORS (D: fluid.durations)."""
+def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D, best_s: float) -> list[Plan]:
+    """Node packings (core/nodepack.py): greedy for targets f T*, f in NODE_FACTORS, then by
+    column generation for COLUMN_STEPS targets halving the gap between the largest one it
+    missed (at first T*) and the best plan so far (`best_s`, or a node packing that ends
+    earlier). D: fluid.durations."""
     packer = NodePacker(problem, D, _node_schedule)
     busy = [0.0] * problem.cluster.gpus
-    plans = []
-    for f in NODE_FACTORS:
-        segments = packer.pack(f * sol.T)
+    plans: list[Plan] = []
+
+    def attempt(T: float, columns: bool) -> bool:
+        segments = packer.pack(T, columns)
         if segments is not None:
             plans.append(Plan("omru", tuple(grow_tail(problem, segments, busy, GROW_ROUNDS))))
+        return segments is not None
+
+    for f in NODE_FACTORS:
+        attempt(f * sol.T, False)
+    lo, hi = sol.T, min([best_s] + [p.makespan_s for p in plans])
+    for _ in range(COLUMN_STEPS):
+        if hi <= lo * (1 + PACK_MISS):
+            break
+        T = (lo + hi) / 2
+        if attempt(T, True):
+            hi = min(hi, plans[-1].makespan_s)
+        else:
+            lo = T
     return plans
 
 
 def _node_schedule(sub: PlanningInput, hulls: tuple[fluid.Hull, ...], T: float, start: float = 0.0,
-                   after: dict | None = None) -> tuple | None:
+                   after: dict | None = None, by: float | None = None) -> tuple | None:
     """The best of a few list schedules of one node's jobs from `start` (longest first at targets
-    T and somewhat above, with and without the mix, fit and deadline); jobs in `after` start once
-    their wide part elsewhere ends, with a restart. None if none places them all."""
+    T and somewhat above, with and without the mix, fit and deadline), or with `by` the first
+    that ends by then; jobs in `after` start once their wide part elsewhere ends, with a
+    restart. None if none places them all."""
     # A wide part is history on no GPU of this node: the engine holds the job until it ends.
     before = [Segment(sub.jobs[i].id, 0.0, t, (), 1) for i, t in (after or {}).items()]
     best = None
@@ -283,6 +305,8 @@ def _node_schedule(sub: PlanningInput, hulls: tuple[fluid.Hull, ...], T: float, 
             plan = Engine(sub, policy, start_s=start, committed=before).run("omru")
             if not plan.unplaced and (best is None or plan.makespan_s < best.makespan_s):
                 best = plan
+                if by is not None and best.makespan_s <= by:
+                    return best.segments
     return None if best is None else best.segments
 
 
