@@ -251,7 +251,7 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
         if tolerance:
             plans += listed[1:]
     if small and problem.cluster.nodes > 1 and not start_s and not committed:
-        plans += _node_packed(problem, sol, D, min(p.makespan_s for p in plans if not p.unplaced))
+        plans += _node_packed(problem, sol, D, min((p.makespan_s for p in plans if not p.unplaced), default=math.inf))
     best = min(plans, key=_score)
     if tolerance and not best.unplaced:  # makespans this close count as equal
         near = [p for p in plans if not p.unplaced and p.makespan_s <= best.makespan_s * (1 + tolerance)]
@@ -263,7 +263,7 @@ def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D, best_s: fl
     """Node packings (core/nodepack.py): greedy for targets f T*, f in NODE_FACTORS, then by
     column generation for COLUMN_STEPS targets halving the gap between the largest one it
     missed (at first T*) and the best plan so far (`best_s`, or a node packing that ends
-    earlier). D: fluid.durations."""
+    earlier; 2 T* at most). D: fluid.durations."""
     packer = NodePacker(problem, D, _node_schedule)
     busy = [0.0] * problem.cluster.gpus
     plans: list[Plan] = []
@@ -276,7 +276,7 @@ def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D, best_s: fl
 
     for f in NODE_FACTORS:
         attempt(f * sol.T, False)
-    lo, hi = sol.T, min([best_s] + [p.makespan_s for p in plans])
+    lo, hi = sol.T, min([best_s, 2 * sol.T] + [p.makespan_s for p in plans])
     for _ in range(COLUMN_STEPS):
         if hi <= lo * (1 + PACK_MISS):
             break
