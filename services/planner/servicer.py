@@ -118,6 +118,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             await abort_invalid(context, "node_id", "is required")
         q = self.dispatcher.watch_directives(request.node_id)
         try:
+            await context.send_initial_metadata(())  # the executor knows it is connected before any directive
             while True:
                 yield planner_pb2.WatchDirectivesResponse(directive=await q.get())
         finally:

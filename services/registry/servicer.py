@@ -147,5 +147,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     @_registry_errors
     async def WatchCluster(self, request, context):
         await _check(context, ("after_revision", f"{request.after_revision} is negative") if request.after_revision < 0 else None)
+        # Headers now, not with the first change: a client's wait_for_connection() returns once
+        # the watch is set up, even while nothing changes.
+        await context.send_initial_metadata(())
         async for response in self.store.watch(request.after_revision):
             yield response

@@ -93,3 +93,14 @@ async def test_watch_from_zero_starts_now(registry_stub):
     await watch.wait_for(lambda e: e.revision == after)
     assert [e.job.spec.job_id for e in watch.events] == ["after"]
     await watch.close()
+
+
+async def test_a_watch_is_connected_before_anything_changes(registry_stub):
+    """wait_for_connection() returns once the server holds the watch, with no change to report
+    (gRPC sends the response headers with the first message unless the server sends them)."""
+    call = registry_stub.WatchCluster(registry_pb2.WatchClusterRequest())
+    await asyncio.wait_for(call.wait_for_connection(), 5)
+    node = await registry_stub.RegisterNode(register_request("node-c", slots=1))
+    reply = await asyncio.wait_for(call.read(), 5)
+    assert [e.node.node_id for e in reply.events] == ["node-c"] and reply.revision == node.node.revision
+    call.cancel()
