@@ -312,8 +312,8 @@ class NodePacker:
             c, a = cols[k]
             for _ in range(round(ip.x[k])):
                 nd = nodes[nodes_of[c].pop()]
-                for t, m in enumerate(a):  # patterns may cover a type more than once: the rest
-                    nd += pools[t][:m]     # run one job fewer, or none
+                for t, m in enumerate(a):  # where the patterns hold more jobs of a type than
+                    nd += pools[t][:m]     # there are, the last nodes get fewer
                     del pools[t][:m]
         segments = self._segments(nodes, T)  # each node's best plan, not the first that ends by T
         return segments if segments is not None and max(s.end_s for s in segments) <= by else None
