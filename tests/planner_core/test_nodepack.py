@@ -90,9 +90,10 @@ def test_column_generation_packings_end_by_their_target_one_node_per_job_and_kee
     K = p.cluster.gpus_per_node
     D = fluid.durations(p)
     packer = NodePacker(p, D, omru._node_schedule)
+    T_star = fluid.solve(p, D).T
     found = 0
     for f in (1.1, 1.3):
-        T = f * fluid.solve(p).T
+        T = f * T_star
         segments = packer.pack(T, columns=True)
         if segments is None:
             continue

@@ -113,7 +113,10 @@ class NodePacker:
         """(end, segments on GPUs 0..K-1) of the jobs `jobs` alone on one node free from `start`
         (end inf when `schedule` cannot place them); with `by`, the first plan found that ends
         by then, if any."""
-        key = (tuple(sorted(jobs)), T, start, self.wide, by)
+        best = (tuple(sorted(jobs)), T, start, self.wide, None)
+        if best in self._plans:  # the best plan answers for any `by`
+            return self._plans[best]
+        key = best[:-1] + (by,)
         if key not in self._plans:
             self.left -= 1
             if not jobs:
@@ -124,6 +127,8 @@ class NodePacker:
                 after = {i: self.after[j] for i, j in enumerate(key[0]) if self.after[j]}
                 segs = self.schedule(sub, tuple(self.hulls[j] for j in key[0]), T, start, after, by)
                 self._plans[key] = (math.inf, ()) if segs is None else (max(s.end_s for s in segs), segs)
+            if self._plans[key][0] > (by or math.inf):  # no early stop: every plan was tried
+                self._plans[best] = self._plans[key]
         return self._plans[key]
 
     def pack(self, T: float, columns: bool = False) -> list[Segment] | None:

@@ -281,8 +281,8 @@ def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D, best_s: fl
         if hi <= lo * (1 + PACK_MISS):
             break
         T = (lo + hi) / 2
-        if attempt(T, True):
-            hi = min(hi, plans[-1].makespan_s)
+        if attempt(T, True):  # it ends by T
+            hi = plans[-1].makespan_s
         else:
             lo = T
     return plans
