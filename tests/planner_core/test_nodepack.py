@@ -127,3 +127,18 @@ def test_column_generation_finds_the_one_exact_partition_of_rigid_jobs_onto_node
         assert len(s.gpus) == 4
         by_node.setdefault(s.gpus[0] // 4, []).append(lengths[int(s.job[1:])])
     assert sorted(sorted(d) for d in by_node.values()) == [[300, 300, 400], [300, 300, 400], [500, 500]]
+
+
+def test_a_job_that_needs_most_of_a_node_gets_all_of_it_so_that_the_others_fit_after_it():
+    """One 4-GPU node, T = 1,000 s: a one-epoch job of 820 s on 3 GPUs or 610 s on 4 (about the
+    same GPU-seconds), and two 2-epoch jobs of 740 s on 1 GPU or 378 s on 2. At the fewest GPUs
+    that end each by T they miss it (the big job on 3 GPUs leaves 1, the second small job
+    waits); the big job on the whole node, then the small ones on 2 GPUs each, ends by 1,000 s."""
+    big = Job("big", 1, {1: 2440.0, 2: 1220.0, 3: 820.0, 4: 610.0})
+    small = [Job(f"small{i}", 2, {1: 370.0, 2: 189.0, 3: 143.0, 4: 120.0}) for i in range(2)]
+    p = PlanningInput((big, *small), Cluster(1, 4), resize_cost_s=10.0)
+    packer = NodePacker(p, fluid.durations(p), omru._node_schedule)
+    end, segments = packer.node([0, 1, 2], 1000.0)
+    assert end <= 1000.0
+    assert validate.violations(Plan("omru", segments), p) == []
+    assert [len(s.gpus) for s in segments if s.job == "big"] == [4]

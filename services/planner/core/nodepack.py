@@ -59,7 +59,7 @@ WIDE_CHOICES = 2
 #: wide parts, patterns checked at most per pricing round (the best reduced costs), greedy
 #: fills per node class, types tried as the second job of a change, and branch-and-bound nodes
 #: the integer program may explore.
-COLUMN_EVALS = 600
+COLUMN_EVALS = 2000
 COLUMN_CHECKS = 40
 FILL_STARTS = 12
 CHANGE_TYPES = 20
@@ -295,7 +295,13 @@ class NodePacker:
                 new |= self._fills(y, area[c], count, room[c], c)
             for k in np.flatnonzero(lp.x > 1e-9):
                 new |= self._changes(*cols[k], y, count)
-            priced = sorted((float(c == 0) - z[c] - y @ a, (c, a)) for c, a in new - seen if area[c] @ a <= room[c])
+            new = list(new - seen)
+            if not new:
+                break
+            C, A = np.array([c for c, _ in new]), np.array([a for _, a in new], dtype=float)
+            rc = (C == 0) - z[C] - A @ y  # reduced costs
+            roomy = np.flatnonzero((area[C] * A).sum(axis=1) <= np.array(room)[C])
+            priced = sorted((rc[i], new[i]) for i in roomy)
             found = 0
             for reduced, col in priced:
                 if reduced > -1e-6 or self.left <= 0 or found >= COLUMN_CHECKS:
@@ -351,18 +357,11 @@ class NodePacker:
         """Pattern (c, a) with a job of a type worth something added, or one of its jobs
         swapped for such a job, or for two (the second of the CHANGE_TYPES worth most)."""
         worth = [t for t in np.argsort(-y, kind="stable") if y[t] > 1e-9]
-        out = set()
-        for t in worth:
-            b = list(a)
-            b[t] += 1
-            out.add(tuple(b))
-            for s in np.flatnonzero(a):
-                if s == t:
-                    continue
-                b = list(a)
-                b[s] -= 1
-                b[t] += 1
-                out.add(tuple(b))
-                for u in worth[:CHANGE_TYPES]:
-                    out.add(tuple(b[:u]) + (b[u] + 1,) + tuple(b[u + 1:]))
-        return {(c, b) for b in out if all(k <= n for k, n in zip(b, count))}
+        one = np.eye(len(y), dtype=int)
+        a = np.array(a)
+        rows = [a + one[worth]]
+        for s in np.flatnonzero(a):
+            swapped = a - one[s] + one[[t for t in worth if t != s]]
+            rows += [swapped, (swapped[:, None] + one[worth[:CHANGE_TYPES]]).reshape(-1, len(y))]
+        out = np.vstack(rows)
+        return {(c, tuple(b)) for b in out[(out <= count).all(axis=1)].tolist()}

@@ -46,7 +46,9 @@
 4. Node packing (core/nodepack.py), on the same batches when the cluster
    has several nodes and nothing is committed, for targets f T* (f in
    NODE_FACTORS): each job on one node, each node's jobs list-scheduled on
-   it alone (NODE_SLACK), jobs moved between nodes; the few jobs that
+   it alone (NODE_SLACK; NODE_SQUEEZES: each job as wide as a few per cent
+   more GPU-seconds allow, so one that needs most of a node for much of the
+   target frees all of it early), jobs moved between nodes; the few jobs that
    cannot meet the target on one node first run part of their epochs wide,
    on whole nodes of their own from the start. Then jobs go to nodes by
    column generation (node patterns, an LP and an integer program) for
@@ -118,6 +120,12 @@ FAMILIES = (("lpt", False, False, False, False), ("lpt", True, True, False, Fals
 #: list schedules try, as multiples of the node-packing target.
 NODE_FACTORS = (1.0, 1.01, 1.04, 1.06)
 NODE_SLACK = (1.0, 1.05, 1.1, 1.2)
+#: Shares of GPU-seconds a node's job may spend to run wider at the node-packing target.
+NODE_SQUEEZES = (0.05, 0.1, 0.2)
+#: Node list-schedule variants (held to the target, fit, mix); a query for a node plan that ends
+#: by a time (column generation's checks) tries only the first NODE_QUICK.
+NODE_MODES = ((True, False, True), (True, True, True), (True, False, False), (False, False, False))
+NODE_QUICK = 2
 #: Targets node packing by column generation tries (bisecting; NodePacker.pack with columns).
 COLUMN_STEPS = 3
 #: The families the sweep tries first at every main target.
@@ -291,23 +299,33 @@ def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D, best_s: fl
 def _node_schedule(sub: PlanningInput, hulls: tuple[fluid.Hull, ...], T: float, start: float = 0.0,
                    after: dict | None = None, by: float | None = None) -> tuple | None:
     """The best of a few list schedules of one node's jobs from `start` (longest first at targets
-    T and somewhat above, with and without the mix, fit and deadline), or with `by` the first
-    that ends by then; jobs in `after` start once their wide part elsewhere ends, with a
-    restart. None if none places them all."""
+    T and somewhat above, or at T with each job as wide as a squeeze of GPU-seconds allows; with
+    and without the mix, fit and deadline), or with `by` the first of the quick ones that ends by
+    then; jobs in `after` start once their wide part elsewhere ends, with a restart. None if
+    none places them all."""
     # A wide part is history on no GPU of this node: the engine holds the job until it ends.
     before = [Segment(sub.jobs[i].id, 0.0, t, (), 1) for i, t in (after or {}).items()]
     best = None
-    for f in NODE_SLACK:
+    for f, squeeze in [(f, None) for f in NODE_SLACK] + [(1.0, sq) for sq in NODE_SQUEEZES]:
         targets = [_target(h, f * T - start) for h in hulls]
+        if squeeze is not None:
+            targets = [_widest(h, c, squeeze) for h, c in zip(hulls, targets)]
         order = sorted(range(len(hulls)), key=lambda j: (-sub.jobs[j].duration(targets[j]), j))
-        for deadline, fit, mix in ((f * T, False, True), (f * T, True, True), (f * T, False, False), (math.inf, False, False)):
-            policy = _Omru(list(targets), list(order), hulls, deadline, fit, False, mix)
+        for held, fit, mix in NODE_MODES[:NODE_QUICK if by is not None else None]:
+            policy = _Omru(list(targets), list(order), hulls, f * T if held else math.inf, fit, False, mix)
             plan = Engine(sub, policy, start_s=start, committed=before).run("omru")
             if not plan.unplaced and (best is None or plan.makespan_s < best.makespan_s):
                 best = plan
                 if by is not None and best.makespan_s <= by:
                     return best.segments
     return None if best is None else best.segments
+
+
+def _widest(h: fluid.Hull, c: int, squeeze: float) -> int:
+    """The widest count on hull h from c on whose GPU-seconds exceed c's by at most `squeeze`
+    (a job that would leave a node's other GPUs idle runs wide and ends early instead)."""
+    i = h.counts.index(c)
+    return max(k for k, a in zip(h.counts[i:], h.areas[i:]) if a <= h.areas[i] * (1 + squeeze))
 
 
 def _score(plan: Plan) -> tuple[float, int, float]:
