@@ -268,10 +268,10 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
 
 
 def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D, best_s: float) -> list[Plan]:
-    """Node packings (core/nodepack.py): greedy for targets f T*, f in NODE_FACTORS, then by
+    """Node packings (core/nodepack.py): greedy for targets f T*, f in NODE_FACTORS, while the
+    best plan so far (`best_s`, or a node packing that ends earlier) misses them, then by
     column generation for COLUMN_STEPS targets halving the gap between the largest one it
-    missed (at first T*) and the best plan so far (`best_s`, or a node packing that ends
-    earlier; 2 T* at most). D: fluid.durations."""
+    missed (at first T*) and the best plan so far (2 T* at most). D: fluid.durations."""
     packer = NodePacker(problem, D, _node_schedule)
     busy = [0.0] * problem.cluster.gpus
     plans: list[Plan] = []
@@ -283,6 +283,8 @@ def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D, best_s: fl
         return segments is not None
 
     for f in NODE_FACTORS:
+        if f * sol.T >= min([best_s] + [p.makespan_s for p in plans]):
+            break  # a target the best plan meets
         attempt(f * sol.T, False)
     lo, hi = sol.T, min([best_s, 2 * sol.T] + [p.makespan_s for p in plans])
     for _ in range(COLUMN_STEPS):
