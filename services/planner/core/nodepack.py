@@ -66,8 +66,8 @@ CHANGE_TYPES = 20
 MILP_NODES = 2000
 
 #: (one node's jobs, their hulls on it, target, when the node is free, {job: when its wide part
-#: ends}, None or a time: the first plan found that ends by it will do) -> segments on GPUs
-#: 0..K-1, or None.
+#: ends}, None or a time: the first plan found that ends by it will do, and a quicker search
+#: may miss plans that do) -> segments on GPUs 0..K-1, or None.
 Schedule = Callable[[PlanningInput, tuple[fluid.Hull, ...], float, float, dict, float | None],
                     tuple[Segment, ...] | None]
 
@@ -127,8 +127,6 @@ class NodePacker:
                 after = {i: self.after[j] for i, j in enumerate(key[0]) if self.after[j]}
                 segs = self.schedule(sub, tuple(self.hulls[j] for j in key[0]), T, start, after, by)
                 self._plans[key] = (math.inf, ()) if segs is None else (max(s.end_s for s in segs), segs)
-            if self._plans[key][0] > (by or math.inf):  # no early stop: every plan was tried
-                self._plans[best] = self._plans[key]
         return self._plans[key]
 
     def pack(self, T: float, columns: bool = False) -> list[Segment] | None:
