@@ -68,14 +68,15 @@ class Grid:
         last = self.top
         if s0 >= last:
             return s0
-        self._room(max(s0, last) + total + 1)
-        span = max(s0, last) - s0 + 1  # starting at max(s0, last) always fits
+        end = last + total + 1  # the buckets looked at: all are free from `last` on
+        self._room(end)
+        span = last - s0 + 1  # starting at `last` always fits
         ok = np.ones(span, dtype=bool)
         off = s0
         for units, b in shape:
             bad = self._blocked.get(units)
-            if bad is None or len(bad) != len(self.used) + 1:
-                bad = self._blocked[units] = np.concatenate(([0], np.cumsum(self.used > self.units - units)))
+            if bad is None or len(bad) < end + 1:
+                bad = self._blocked[units] = np.concatenate(([0], np.cumsum(self.used[:end] > self.units - units)))
             ok &= bad[off + b:off + b + span] == bad[off:off + span]
             off += b
         return s0 + int(np.argmax(ok))
