@@ -46,7 +46,7 @@
 4. Node packing (core/nodepack.py), on the same batches when the cluster
    has several nodes and nothing is committed, for targets f T* (f in
    NODE_FACTORS): each job on one node, each node's jobs list-scheduled on
-   it alone (NODE_SLACK; NODE_SQUEEZES: each job as wide as a few per cent
+   it alone (NODE_SLACK; SQUEEZES: each job as wide as a few per cent
    more GPU-seconds allow, so one that needs most of a node for much of the
    target frees all of it early), jobs moved between nodes; the few jobs that
    cannot meet the target on one node first run part of their epochs wide,
@@ -95,7 +95,7 @@ LIST_MAX = 300_000
 FACTORS = (1.0, 1.02, 1.05, 1.1, 1.2, 1.35, 1.6, 2.0, 3.0)
 #: Below this many hull breakpoints near T*, every one of them is tried.
 EXHAUSTIVE_BREAKPOINTS = 120
-#: Shares a job's area may grow by when it runs wide to catch up (the `stiff` orders).
+#: Shares a job's area may grow by when it runs wide (the `stiff` orders; node schedules).
 SQUEEZES = (0.05, 0.1, 0.2)
 #: A resize must shorten the job's remaining time by at least this share.
 MIN_GAIN = 0.01
@@ -120,8 +120,6 @@ FAMILIES = (("lpt", False, False, False, False), ("lpt", True, True, False, Fals
 #: list schedules try, as multiples of the node-packing target.
 NODE_FACTORS = (1.0, 1.01, 1.04, 1.06)
 NODE_SLACK = (1.0, 1.05, 1.1, 1.2)
-#: Shares of GPU-seconds a node's job may spend to run wider at the node-packing target.
-NODE_SQUEEZES = (0.05, 0.1, 0.2)
 #: Node list-schedule variants (held to the target, fit, mix); a query for a node plan that ends
 #: by a time (column generation's checks) tries only the first NODE_QUICK.
 NODE_MODES = ((True, False, True), (True, True, True), (True, False, False), (False, False, False))
@@ -275,25 +273,25 @@ def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D, best_s: fl
     packer = NodePacker(problem, D, _node_schedule)
     busy = [0.0] * problem.cluster.gpus
     plans: list[Plan] = []
+    lo, hi = sol.T, min(best_s, 2 * sol.T)  # hi: the best plan so far
 
     def attempt(T: float, columns: bool) -> bool:
+        nonlocal hi
         segments = packer.pack(T, columns)
         if segments is not None:
             plans.append(Plan("omru", tuple(grow_tail(problem, segments, busy, GROW_ROUNDS))))
+            hi = min(hi, plans[-1].makespan_s)
         return segments is not None
 
     for f in NODE_FACTORS:
-        if f * sol.T >= min([best_s] + [p.makespan_s for p in plans]):
+        if f * sol.T >= hi:
             break  # a target the best plan meets
         attempt(f * sol.T, False)
-    lo, hi = sol.T, min([best_s, 2 * sol.T] + [p.makespan_s for p in plans])
     for _ in range(COLUMN_STEPS):
         if hi <= lo * (1 + PACK_MISS):
             break
         T = (lo + hi) / 2
-        if attempt(T, True):  # it ends by T
-            hi = plans[-1].makespan_s
-        else:
+        if not attempt(T, True):
             lo = T
     return plans
 
@@ -308,10 +306,10 @@ def _node_schedule(sub: PlanningInput, hulls: tuple[fluid.Hull, ...], T: float, 
     # A wide part is history on no GPU of this node: the engine holds the job until it ends.
     before = [Segment(sub.jobs[i].id, 0.0, t, (), 1) for i, t in (after or {}).items()]
     best = None
-    for f, squeeze in [(f, None) for f in NODE_SLACK] + [(1.0, sq) for sq in NODE_SQUEEZES]:
+    for f, squeeze in [(f, None) for f in NODE_SLACK] + [(1.0, sq) for sq in SQUEEZES]:
         targets = [_target(h, f * T - start) for h in hulls]
         if squeeze is not None:
-            targets = [_widest(h, c, squeeze) for h, c in zip(hulls, targets)]
+            targets = [h.counts[_widest(h, h.counts.index(c), squeeze)] for h, c in zip(hulls, targets)]
         order = sorted(range(len(hulls)), key=lambda j: (-sub.jobs[j].duration(targets[j]), j))
         for held, fit, mix in NODE_MODES[:NODE_QUICK if by is not None else None]:
             policy = _Omru(list(targets), list(order), hulls, f * T if held else math.inf, fit, False, mix)
@@ -323,11 +321,10 @@ def _node_schedule(sub: PlanningInput, hulls: tuple[fluid.Hull, ...], T: float, 
     return None if best is None else best.segments
 
 
-def _widest(h: fluid.Hull, c: int, squeeze: float) -> int:
-    """The widest count on hull h from c on whose GPU-seconds exceed c's by at most `squeeze`
-    (a job that would leave a node's other GPUs idle runs wide and ends early instead)."""
-    i = h.counts.index(c)
-    return max(k for k, a in zip(h.counts[i:], h.areas[i:]) if a <= h.areas[i] * (1 + squeeze))
+def _widest(h: fluid.Hull, i: int, squeeze: float) -> int:
+    """The widest of hull h's counts from its i-th on whose GPU-seconds exceed the i-th's by at
+    most `squeeze`, as an index (a job that would leave GPUs idle runs wide and ends early)."""
+    return max(k for k in range(i, len(h.counts)) if h.areas[k] <= h.areas[i] * (1 + squeeze))
 
 
 def _score(plan: Plan) -> tuple[float, int, float]:
@@ -416,7 +413,7 @@ def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
     # at the widest hull count within a squeeze of the least area).
     stiff = []
     for sq in SQUEEZES:
-        least = [min(t for t, a in zip(h.times, h.areas) if a <= h.areas[0] * (1 + sq)) for h in sol.hulls]
+        least = [h.times[_widest(h, 0, sq)] for h in sol.hulls]
         order = tuple(sorted(range(n), key=lambda j: (-least[j], problem.jobs[j].arrival_s, j)))
         if order not in stiff:
             stiff.append(order)
