@@ -34,7 +34,10 @@ _CHANNEL_OPTIONS = {
     "grpc.initial_reconnect_backoff_ms": 100,
     "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 1000,
+    "grpc.max_receive_message_length": 64 << 20,  # a list page of big values
 }
+#: Keys per page of a list.
+LIST_PAGE = 256
 
 
 class EtcdUnavailable(Exception):
@@ -171,13 +174,26 @@ class EtcdStore:
         return None if result is None else self._kv(result)
 
     async def list(self, prefix: str = "") -> tuple[list[Kv], int]:
-        """Every key under prefix (sorted by key) and the revision of the read."""
+        """Every key under prefix (sorted by key) and the revision of the read.
+
+        Read in pages of LIST_PAGE keys at the first page's revision (one
+        consistent snapshot, as Kubernetes lists), so no reply outgrows
+        gRPC's message limit however many keys there are."""
         full = self._key(prefix)
-        request = rpc.RangeRequest(key=full, range_end=prefix_range_end(full), sort_order=rpc.RangeRequest.ASCEND)
+        end = prefix_range_end(full)
+        out: list[Kv] = []
+        start, revision = full, 0
         with self._errors(f"list {prefix}"):
             await self._client.connect()
-            response = await self._client.kvstub.Range(request, timeout=self.timeout)
-        return [self._kv(kv) for kv in response.kvs], response.header.revision
+            while True:
+                request = rpc.RangeRequest(key=start, range_end=end, sort_order=rpc.RangeRequest.ASCEND,
+                                           limit=LIST_PAGE, revision=revision)
+                response = await self._client.kvstub.Range(request, timeout=self.timeout)
+                revision = revision or response.header.revision
+                out.extend(self._kv(kv) for kv in response.kvs)
+                if not response.more or not response.kvs:
+                    return out, revision
+                start = response.kvs[-1].key + b"\0"
 
     async def revision(self) -> int:
         """The current revision of the store."""
