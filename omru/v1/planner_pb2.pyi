@@ -95,7 +95,7 @@ class Resize(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., time_s: _Optional[float] = ..., from_size: _Optional[int] = ..., to_size: _Optional[int] = ...) -> None: ...
 
 class JobProfile(_message.Message):
-    __slots__ = ("job_id", "epoch_seconds")
+    __slots__ = ("job_id", "epoch_seconds", "placements")
     class EpochSecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -105,9 +105,21 @@ class JobProfile(_message.Message):
         def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     epoch_seconds: _containers.ScalarMap[int, float]
-    def __init__(self, job_id: _Optional[str] = ..., epoch_seconds: _Optional[_Mapping[int, float]] = ...) -> None: ...
+    placements: _containers.RepeatedCompositeFieldContainer[PlacementTime]
+    def __init__(self, job_id: _Optional[str] = ..., epoch_seconds: _Optional[_Mapping[int, float]] = ..., placements: _Optional[_Iterable[_Union[PlacementTime, _Mapping]]] = ...) -> None: ...
+
+class PlacementTime(_message.Message):
+    __slots__ = ("gpus", "nodes", "epoch_seconds")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    gpus: int
+    nodes: int
+    epoch_seconds: float
+    def __init__(self, gpus: _Optional[int] = ..., nodes: _Optional[int] = ..., epoch_seconds: _Optional[float] = ...) -> None: ...
 
 class Report(_message.Message):
     __slots__ = ("makespan_s", "planned_makespan_s", "utilisation", "jobs", "policy", "gpus", "lower_bound_s", "compute_utilisation", "holds", "first_plan", "resizes", "origin_unix_s")

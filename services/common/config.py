@@ -157,10 +157,17 @@ class PlannerConfig:
     registry: str = "127.0.0.1:0"
     profiler: str = "127.0.0.1:0"
     policy: str = ""  # "" = the planner's default policy
+    checkpoint_root: str = ""  # folder every node sees; "" = <tmp>/omru-checkpoints (one machine only)
+    start_overhead_s: float = 4.0  # prior of a start's (restart's) cost until one is measured
+    time_scale: float = 1.0  # job seconds per wall second: > 1 only for an emulated cluster (omru emulate)
 
     def __post_init__(self) -> None:
         check_endpoint("registry address", self.registry)
         check_endpoint("profiler address", self.profiler)
+        if not (isinstance(self.start_overhead_s, (int, float)) and 0 <= self.start_overhead_s < 1e6):
+            raise ConfigError(f"start_overhead_s {self.start_overhead_s!r} is not in [0, 1e6)")
+        if not (isinstance(self.time_scale, (int, float)) and 0 < self.time_scale <= 1e6):
+            raise ConfigError(f"time_scale {self.time_scale!r} is not in (0, 1e6]")
 
 
 @dataclass(frozen=True)

@@ -224,7 +224,7 @@ class Dispatcher:
     def __init__(self, state: PlannerState, registry: str, profiler: str, policy: str = "", token: str | None = None,
                  checkpoint_root: str = "", start_overhead_s: float = 4.0, seed: int = 0,
                  policy_options: Mapping[str, object] | None = None, learn_profiles: bool = True,
-                 tls=None) -> None:
+                 tls=None, time_scale: float = 1.0) -> None:
         import tempfile
 
         self.state = state
@@ -235,6 +235,7 @@ class Dispatcher:
         self.tls = tls  # TlsConfig of the channels to the registry, profiler and executors (None: plaintext)
         self.checkpoint_root = checkpoint_root or f"{tempfile.gettempdir()}/omru-checkpoints"
         self.prior_overhead_s = start_overhead_s
+        self.time_scale = time_scale  # job seconds per wall second (an emulated cluster runs faster)
         self.overheads: list[float] = []
         self.seed = seed
         # makespans within 2 % count as equal (policies that know the option): epoch times vary
@@ -448,7 +449,7 @@ class Dispatcher:
         elif e.kind == "epoch_done":
             if current and r.sent_s and r.attempt_id not in self._measured:  # first epoch of this attempt
                 self._measured.add(r.attempt_id)
-                self.overheads.append(max(0.0, e.time_s - r.sent_s - e.epoch_seconds))
+                self.overheads.append(max(0.0, (e.time_s - r.sent_s) * self.time_scale - e.epoch_seconds))
             await self._update(r.job_id, lambda c: replace(
                 c, epochs_done=max(c.epochs_done, e.epoch), accuracy=e.accuracy if e.epoch >= c.epochs_done else c.accuracy,
                 observed=observe(c.observed, e.world_size, e.epoch_seconds) if e.world_size and e.epoch_seconds > 0
@@ -548,7 +549,10 @@ class Dispatcher:
             tables[r.job_id] = table
             running = len(r.gpus) if r.state != st.WAITING else 0
             planned = {g: t + (0.0 if g == running else self.overhead_s / remaining) for g, t in table.items()}
-            jobs.append(Job(id=r.job_id, epochs=remaining, profile=planned))
+            # measured spreads, corrected and charged in the ratio the profile's time at their count is
+            raw = epoch_table(r.profile, len(gpus), r.spec.get("min_gpus", 1), r.max_gpus) if r.placement else {}
+            placement = {(g, k): t * planned[g] / raw[g] for g, k, t in r.placement if g <= len(gpus)}
+            jobs.append(Job(id=r.job_id, epochs=remaining, profile=planned, placement=placement))
         name = self.policy_in_force
         began = time.monotonic()
         try:
@@ -558,7 +562,9 @@ class Dispatcher:
         except PlanningError as exc:
             log.error("planning_failed", error=str(exc))
             return None, {}, [r.job_id for r in records], tables
-        seconds = time.monotonic() - began
+        seconds = (time.monotonic() - began) * self.time_scale  # in job seconds
+        log.info("planned", policy=name, jobs=len(jobs), plan_s=round(time.monotonic() - began, 4),
+                 makespan_s=round(result.makespan_s, 1))
         now = time.time()
         counts: dict[str, int] = {}
         first: dict[str, float] = {}

@@ -26,7 +26,9 @@ async def start(config: cfg.PlannerConfig, servicer=None) -> RunningServer:
         etcd = EtcdStore.from_config(config.etcd)
         await etcd.connect()
         dispatcher = Dispatcher(PlannerState(etcd), config.registry, config.profiler, policy=config.policy,
-                                token=config.server.auth_token, tls=config.server.client_tls)
+                                token=config.server.auth_token, tls=config.server.client_tls,
+                                checkpoint_root=config.checkpoint_root, start_overhead_s=config.start_overhead_s,
+                                time_scale=config.time_scale)
         servicer = PlannerServicer(dispatcher)
         hooks = [dispatcher.stop, etcd.close]
     service = Service(planner_pb2_grpc.add_PlannerServiceServicer_to_server, servicer, service_name(planner_pb2, "PlannerService"))
@@ -49,6 +51,12 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
     parser.add_argument("--registry", required=True, help="registry address host:port")
     parser.add_argument("--profiler", required=True, help="profiler address host:port")
     parser.add_argument("--policy", default="", help="default planning policy (default: the planner's own)")
+    parser.add_argument("--checkpoint-root", default="",
+                        help="folder for the jobs' checkpoints that every node sees (default: <tmp>/omru-checkpoints)")
+    parser.add_argument("--start-overhead", type=float, default=4.0,
+                        help="seconds a job's start or restart is assumed to cost until one is measured (default 4)")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="job seconds per wall second (only for an emulated cluster; default 1)")
     args = parser.parse_args(argv)
     return cfg.PlannerConfig(
         server=cfg.server_config_from_args(args, env),
@@ -56,6 +64,9 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
         registry=args.registry,
         profiler=args.profiler,
         policy=args.policy,
+        checkpoint_root=args.checkpoint_root,
+        start_overhead_s=args.start_overhead,
+        time_scale=args.time_scale,
     )
 
 

@@ -48,6 +48,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
     async def _validate(self, request) -> tuple[list[str], list[JobRecord | None]]:
         """Every problem of the request (job and field named), and a record per new job (None: stored already)."""
         hints = {p.job_id: dict(p.epoch_seconds) for p in request.profiles}
+        placements = {p.job_id: tuple((x.gpus, x.nodes, x.epoch_seconds) for x in p.placements) for p in request.profiles}
         gpus = len(self.dispatcher.live_gpus()) or self.dispatcher.gpu_total
         problems: list[str] = []
         records: list[JobRecord | None] = []
@@ -68,6 +69,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             for g, t in job.profile.items():
                 if g < 1 or not t > 0:
                     problems.append(f"{where}: profile: {t!r} seconds per epoch on {g} GPUs")
+            for g, k, t in placements.get(spec.job_id, ()):
+                if not 1 <= k <= g or not t > 0:
+                    problems.append(f"{where}: profile placement: {t!r} seconds per epoch on {g} GPUs over {k} nodes")
             if spec.job_id in seen:
                 if seen[spec.job_id] != spec:
                     problems.append(f"{where}: job_id given twice in the request with different specs")
@@ -81,7 +85,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
                 records.append(None)
                 continue
             records.append(JobRecord(spec=job.spec.to_dict(), max_gpus=job.max_gpus, profile=dict(job.profile),
-                                     state=st.PENDING, submitted_s=now))
+                                     placement=placements.get(spec.job_id, ()), state=st.PENDING, submitted_s=now))
         return problems, records
 
     @grpc_errors

@@ -47,6 +47,7 @@ class JobRecord:
     spec: dict  # TrainSpec.to_dict()
     max_gpus: int = 0
     profile: dict = field(default_factory=dict)  # {gpus(int): epoch seconds}
+    placement: tuple = ()  # ((gpus, nodes, epoch seconds), ...): measured spread placements
     observed: dict = field(default_factory=dict)  # {gpus(int): [mean epoch seconds seen, epochs seen]}
     state: str = PENDING
     epochs_done: int = 0
@@ -91,6 +92,7 @@ class JobRecord:
         d["observed"] = {int(k): [float(m), int(n)] for k, (m, n) in d.get("observed", {}).items()}
         d["gpus"] = tuple((n, int(i)) for n, i in d.get("gpus", ()))
         d["target"] = tuple((n, int(i)) for n, i in d.get("target", ()))
+        d["placement"] = tuple((int(g), int(k), float(t)) for g, k, t in d.get("placement", ()))
         return cls(**d, revision=revision)
 
 

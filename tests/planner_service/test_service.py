@@ -84,3 +84,23 @@ async def test_measured_epoch_times_travel_with_the_jobs_and_the_report_lists_ev
             assert stored.profile == {1: 4.0, 2: 2.5}
             rep = await c.report()
             assert [j.job_id for j in rep.jobs] == ["a"]
+
+
+async def test_measured_placements_are_stored_with_the_profile_and_a_bad_one_is_named(etcd, registry, registry_stub,
+                                                                                       free_port):
+    await registry_stub.RegisterNode(node_request("n0", 2, free_port()))
+    await registry_stub.RegisterNode(node_request("n1", 2, free_port()))
+
+    def request(job_id, *placements):
+        return planner_pb2.SubmitJobsRequest(jobs=[spec(job_id)], profiles=[planner_pb2.JobProfile(
+            job_id=job_id, epoch_seconds={1: 4.0, 2: 2.5}, placements=[
+                planner_pb2.PlacementTime(gpus=g, nodes=k, epoch_seconds=t) for g, k, t in placements])])
+
+    async with planner(etcd.endpoint, registry.address) as (_, d, stub):
+        await stub.SubmitJobs(request("a", (2, 2, 3.5)), timeout=5)
+        assert (await d.state.job("a")).placement == ((2, 2, 3.5),)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.SubmitJobs(request("b", (2, 3, 3.5)), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "'b'): profile placement: 3.5 seconds per epoch on 2 GPUs over 3 nodes" in err.value.details()
+        assert await d.state.job("b") is None
