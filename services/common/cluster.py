@@ -286,6 +286,7 @@ class LocalCluster:
         ready_timeout: float = 30.0,
         die_with_parent: bool = False,
         warm_workers: bool = True,
+        planner_args: Sequence[str] = (),
     ) -> None:
         if nodes < 0:
             raise ValueError(f"nodes {nodes} is negative")
@@ -303,6 +304,7 @@ class LocalCluster:
         self.ready_timeout = ready_timeout
         self.log_to_files = log_to_files
         self.warm_workers = warm_workers  # executors keep a worker with torch imported per slot
+        self.planner_args = tuple(planner_args)  # more options of the planner (omru emulate's)
         self.die_with_parent = die_with_parent  # only from a launcher's main thread (the kernel ties it to the thread)
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="omru-up-"))
@@ -345,7 +347,7 @@ class LocalCluster:
             wait_ready([profiler], self.ready_timeout)  # the planner needs its address
             planner = self._service(
                 "planner", "planner", "--port", str(planner_port), "--etcd", self.etcd_endpoint,
-                "--registry", registry.address, "--profiler", profiler.address,
+                "--registry", registry.address, "--profiler", profiler.address, *self.planner_args,
             )
             wait_ready([planner, *executors], self.ready_timeout)
         except BaseException:

@@ -21,7 +21,8 @@ from services.executor.supervisor import Supervisor
 from services.registry.membership import NodeMembership
 
 
-async def start(config: cfg.ExecutorConfig, servicer=None) -> tuple[RunningServer, NodeMembership]:
+async def start(config: cfg.ExecutorConfig, servicer=None, runtime=None,
+                node_gpus: list | None = None) -> tuple[RunningServer, NodeMembership]:
     """Start the executor and register its node; returns the server and the membership.
 
     Unless a servicer is given, the ExecutorService runs a Supervisor whose
@@ -31,16 +32,17 @@ async def start(config: cfg.ExecutorConfig, servicer=None) -> tuple[RunningServe
     from the profiler's), and the planner's server must present a
     certificate naming config.planner_identity. Stopping the
     server stops the subscription, then every worker (GPUs released), then
-    deregisters the node.
+    deregisters the node. runtime and node_gpus replace the worker processes
+    and the detected GPUs (the emulated cluster, services/executor/emulated.py).
     """
-    node_gpus = gpus.detect(config.slots)
+    node_gpus = node_gpus if node_gpus is not None else gpus.detect(config.slots)
     tls = config.server.client_tls
     channel = open_channel(config.registry, token=config.server.auth_token, tls=tls)
     supervisor = None
     if servicer is None:
         supervisor = Supervisor(config.node_id, devices_of(node_gpus), RegistryClaims(channel),
                                 work_dir=config.work_dir, max_restarts=config.max_restarts,
-                                warm_workers=config.warm_workers)
+                                warm_workers=config.warm_workers, runtime=runtime)
         identities = (config.planner_identity, config.profiler_identity) if tls is not None else (None, None)
         servicer = ExecutorServicer(supervisor, *identities)
     service = Service(executor_pb2_grpc.add_ExecutorServiceServicer_to_server, servicer, service_name(executor_pb2, "ExecutorService"))

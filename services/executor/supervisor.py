@@ -175,6 +175,41 @@ class ConflictError(RuntimeError):
     """A directive that clashes with what runs (GPU owned by another job, job already running)."""
 
 
+class Runtime(Protocol):
+    """What runs an attempt's local ranks: worker processes (`WorkerProcesses`), or emulated ones
+    (services/executor/emulated.py) that keep the same record stream and checkpoint folder."""
+
+    def group(self, spec: TrainSpec, attempt: AttemptSpec, ranks: Sequence[int], on_record, stderr_to) -> WorkerGroup:
+        """The local ranks of one attempt, not started yet."""
+
+    def checkpoint_problem(self, spec: TrainSpec, checkpoint_dir: str) -> str:
+        """Why the newest checkpoint in the folder cannot resume `spec` ("" when it can or there is none)."""
+
+
+@dataclass
+class WorkerProcesses:
+    """The real runtime: one `python -m services.executor.worker` process per rank."""
+
+    python: str = sys.executable
+    grace_s: float = 5.0
+    pool: WarmPool | None = None
+
+    def group(self, spec, attempt, ranks, on_record, stderr_to) -> WorkerGroup:
+        return WorkerGroup(spec, attempt, ranks, on_record=on_record, python=self.python, grace_s=self.grace_s,
+                           stderr_to=stderr_to, pool=self.pool)
+
+    def checkpoint_problem(self, spec: TrainSpec, checkpoint_dir: str) -> str:
+        from services.executor.worker import checkpoint  # loads torch: callers run this in a thread
+
+        newest = checkpoint.latest(checkpoint_dir)
+        try:
+            if newest is not None:
+                checkpoint.load(newest, spec.model, spec.fingerprint())
+        except checkpoint.CheckpointError as exc:
+            return str(exc)
+        return ""
+
+
 class GpuClaims(Protocol):
     """GPU ownership (the registry): all-or-nothing claims per job."""
 
@@ -308,9 +343,11 @@ class Supervisor:
 
     def __init__(self, node_id: str, devices: dict[int, str], claims: GpuClaims, work_dir: str | os.PathLike | None = None,
                  max_restarts: int = 2, grace_s: float = 5.0, python: str = sys.executable,
-                 rendezvous_timeout_s: float = 300.0, host: str = "127.0.0.1", warm_workers: bool = False) -> None:
+                 rendezvous_timeout_s: float = 300.0, host: str = "127.0.0.1", warm_workers: bool = False,
+                 runtime: Runtime | None = None) -> None:
         """devices: GPU index on this node -> worker device ("cpu" for a CPU slot, else the GPU index).
-        warm_workers: keep a worker with torch imported waiting per device (warm.py)."""
+        warm_workers: keep a worker with torch imported waiting per device (warm.py).
+        runtime: what runs the ranks (default: worker processes of `python`)."""
         if max_restarts < 0:
             raise ValueError(f"max_restarts {max_restarts!r} is negative")
         self.node_id = node_id
@@ -318,8 +355,8 @@ class Supervisor:
         self.claims = claims
         self.max_restarts = max_restarts
         self.grace_s = grace_s
-        self.python = python
-        self.pool = WarmPool(python) if warm_workers else None
+        self.pool = WarmPool(python) if warm_workers and runtime is None else None
+        self.runtime = runtime or WorkerProcesses(python, grace_s, self.pool)
         self.rendezvous_timeout_s = rendezvous_timeout_s
         self.host = host
         self._own_tmp = None
@@ -409,20 +446,8 @@ class Supervisor:
     async def _check_checkpoint(self, spec: TrainSpec, checkpoint_dir: str) -> None:
         """DirectiveError when the newest checkpoint in the folder belongs to another model or configuration."""
 
-        def check() -> str:
-            # (imported here, in the thread: the first import loads torch, seconds the event loop,
-            # and with it the node's lease heartbeat, must not wait)
-            from services.executor.worker import checkpoint
-
-            newest = checkpoint.latest(checkpoint_dir)
-            try:
-                if newest is not None:
-                    checkpoint.load(newest, spec.model, spec.fingerprint())
-            except checkpoint.CheckpointError as exc:
-                return str(exc)
-            return ""
-
-        problem = await asyncio.to_thread(check)
+        # (in a thread: the real check loads torch, seconds the event loop and the node's lease must not wait)
+        problem = await asyncio.to_thread(self.runtime.checkpoint_problem, spec, checkpoint_dir)
         if problem:
             raise DirectiveError("directive.checkpoint_dir", problem)
 
@@ -547,9 +572,8 @@ class Supervisor:
         logs = self.work_dir / "logs" / job.job_id
         logs.mkdir(parents=True, exist_ok=True)
         stderr = open(logs / f"{attempt.attempt_id}.log", "a", buffering=1)
-        group = WorkerGroup(job.spec, attempt, local_ranks(job.gpus, self.node_id),
-                            on_record=lambda record: self._on_record(job, attempt, record), python=self.python,
-                            grace_s=self.grace_s, stderr_to=stderr, pool=self.pool)
+        group = self.runtime.group(job.spec, attempt, local_ranks(job.gpus, self.node_id),
+                                   lambda record: self._on_record(job, attempt, record), stderr)
         job.group = group
         try:
             await group.start()

@@ -276,6 +276,10 @@ def text(f: Figures) -> str:
     return "\n".join(lines)
 
 
+#: GPUs up to which the Gantt chart names every GPU and labels every bar.
+LABELLED_ROWS = 64
+
+
 def gantt(path: str, all_holds: Sequence[Hold], origin_s: float, plan: Sequence[PlannedSegment] = (),
           plan_origin_s: float | None = None, title: str = "") -> None:
     """Write a PNG: GPUs (rows) over time, one bar per hold; the plan above when given."""
@@ -292,14 +296,25 @@ def gantt(path: str, all_holds: Sequence[Hold], origin_s: float, plan: Sequence[
     if plan:
         shift = (plan_origin_s if plan_origin_s is not None else origin_s) - origin_s
         panels.insert(0, ("planned", [(s.job_id, s.start_s + shift, s.end_s + shift, s.gpus) for s in plan]))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 1.2 + 0.5 * len(gpu_rows) * len(panels)),
+    small = len(gpu_rows) <= LABELLED_ROWS  # a big cluster: no labels, a figure of bounded height
+    height = 0.5 * len(gpu_rows) if small else 8.0
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10 if small else 16, 1.2 + height * len(panels)),
                              sharex=True, squeeze=False)
     for ax, (name, bars) in zip(axes[:, 0], panels):
+        by_job: dict[str, list] = {}
         for job, start, end, gs in bars:
             for g in gs:
-                ax.barh(row[g], end - start, left=start, height=0.8, color=colours[job], edgecolor="black", lw=0.4)
-                ax.text(start + (end - start) / 2, row[g], job, ha="center", va="center", fontsize=7)
-        ax.set_yticks(range(len(gpu_rows)), [f"{n}:{i}" for n, i in gpu_rows])
+                by_job.setdefault(job, []).append((row[g], start, end - start))
+                if small:
+                    ax.text(start + (end - start) / 2, row[g], job, ha="center", va="center", fontsize=7)
+        for job, spans in by_job.items():
+            ys, lefts, widths = zip(*spans)
+            ax.barh(ys, widths, left=lefts, height=0.8, color=colours[job], edgecolor="black" if small else "none",
+                    lw=0.4)
+        if small:
+            ax.set_yticks(range(len(gpu_rows)), [f"{n}:{i}" for n, i in gpu_rows])
+        else:
+            ax.set_yticks([])
         ax.set_ylabel(name)
         ax.invert_yaxis()
     axes[-1, 0].set_xlabel("seconds after submission")

@@ -211,6 +211,13 @@ def test_profiles_read_nodes_arrival_and_requested_gpus_columns():
     assert a.requested_gpus == 2 and b.arrival_s == 30.0 and b.requested_gpus == 1
 
 
+def test_profiles_written_as_csv_read_back_as_the_same_jobs():
+    text = ("job,epochs,gpus,epoch_seconds,nodes,arrival_s,requested_gpus\n"
+            "a,10,1,10.1,,0,2\na,10,2,6,1,,\na,10,2,7.3,2,,\nb,5,1,8,,30.5,\nb,5,2,5,,30.5,\n")
+    jobs = profiles.parse_csv(text)
+    assert profiles.parse_csv(profiles.to_csv(jobs)) == jobs
+
+
 @pytest.mark.parametrize("bad,needle", [
     ("a,1,2,5,3,,\n", "nodes 3"),
     ("a,1,1,5,,-4,\n", "arrival_s"),

@@ -27,8 +27,6 @@ import os
 import re
 import tempfile
 
-import torch
-
 FORMAT = 1
 KEEP = 2
 _NAME = re.compile(r"^epoch-(\d{5})\.pt$")
@@ -61,6 +59,8 @@ def latest(checkpoint_dir: str) -> str | None:
 
 def save(checkpoint_dir: str, state: dict) -> str:
     """Atomically write ``state`` as the checkpoint of ``state["epoch"]``."""
+    import torch  # (here, not above: listing checkpoints must not load torch)
+
     os.makedirs(checkpoint_dir, exist_ok=True)
     final = path_for(checkpoint_dir, int(state["epoch"]))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=checkpoint_dir)
@@ -86,6 +86,8 @@ def save(checkpoint_dir: str, state: dict) -> str:
 
 def load(path: str, model_name: str, fingerprint: str) -> dict:
     """Load a checkpoint for a job training ``model_name``; refuse any other."""
+    import torch
+
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several kinds for a bad file

@@ -19,6 +19,7 @@ import csv
 import io
 import math
 from pathlib import Path
+from typing import Sequence
 
 from services.planner.core.model import Job, PlanningError
 
@@ -110,3 +111,17 @@ def _number(raw: str, kind: type, name: str, where: str, allow_zero: bool = Fals
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise PlanningError(f"{where}: {name} must be {'>= 0' if allow_zero else 'positive'}, got {raw!r}")
     return value
+
+
+def to_csv(jobs: Sequence[Job]) -> str:
+    """The CSV `parse_csv` reads back as the same jobs: a row per GPU count and per measured placement."""
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow([*REQUIRED, "nodes", "arrival_s", "requested_gpus"])
+    for j in jobs:
+        extra = [repr(j.arrival_s), j.requested_gpus or ""]
+        for g, t in j.profile.items():
+            w.writerow([j.id, j.epochs, g, repr(t), "", *extra])
+        for (g, k), t in j.placement.items():
+            w.writerow([j.id, j.epochs, g, repr(t), k, *extra])
+    return out.getvalue()

@@ -1,0 +1,113 @@
+"""What an emulated run did, from the executors' own events. Pure: no grpc, no etcd.
+
+Events come in wall seconds; the emulated cluster runs `speed` times faster
+than the jobs' profiles, so every time in the figures is in job seconds
+((wall - origin) x speed), comparable with `omru simulate`, except the
+control plane's own delays (reuse gaps), which are wall seconds.
+
+- epochs_run_twice: EPOCH_DONE events beyond the first for the same (job,
+  epoch): an epoch trained again although it had completed (an interrupted
+  epoch never reports, so it is not counted).
+- double_owned_gpu_s: GPU-seconds in which two different attempts held one
+  GPU (report.ownership_conflicts over the holds).
+- reuse gap of a hold (one attempt of one job on one node): its start minus
+  the moment its GPUs were all free for it: the latest release of a GPU by
+  another job's hold, or, for a job that moves (resize), the end of its own
+  previous hold of those GPUs. Only holds that take over at least one GPU from
+  another job count (a start on GPUs idle long before is the plan's choice,
+  not a hand-over delay).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Sequence
+
+from services.planner import report
+from services.planner.report import Event, Hold
+
+
+def in_job_seconds(events: Sequence[Event], origin_s: float, speed: float) -> list[Event]:
+    """The events with time_s = (time_s - origin_s) x speed."""
+    return [replace(e, time_s=(e.time_s - origin_s) * speed) for e in events]
+
+
+def epochs_run_twice(events: Sequence[Event]) -> int:
+    counts = Counter((e.job_id, e.epoch) for e in events if e.kind == report.EPOCH_DONE)
+    return sum(n - 1 for n in counts.values())
+
+
+def double_owned_gpu_s(holds: Sequence[Hold]) -> float:
+    """GPU-seconds in which two different attempts held one GPU."""
+    total = 0.0
+    for _, a, b in report.ownership_conflicts(holds):
+        total += max(0.0, min(a.end_s, b.end_s) - b.start_s)
+    return total
+
+
+def reuse_gaps(holds: Sequence[Hold]) -> list[float]:
+    """One gap per hold that takes over a GPU from another job (see the module docstring), in the holds' unit."""
+    by_gpu: dict[tuple[str, int], list[Hold]] = {}
+    for h in holds:
+        for g in h.gpus:
+            by_gpu.setdefault(g, []).append(h)
+    for hs in by_gpu.values():
+        hs.sort(key=lambda h: h.start_s)
+    gaps = []
+    for h in holds:
+        ready, handed_over = None, False
+        for g in h.gpus:
+            before = [p for p in by_gpu[g] if p.start_s < h.start_s and p is not h]
+            if not before:
+                continue
+            prev = before[-1]
+            handed_over |= prev.job_id != h.job_id
+            ready = prev.end_s if ready is None else max(ready, prev.end_s)
+        if handed_over and ready is not None and ready <= h.start_s:
+            gaps.append(h.start_s - ready)
+    return gaps
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) by the nearest rank; 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def spread(values: Sequence[float], prefix: str) -> dict[str, float]:
+    """{prefix_p50, prefix_p99, prefix_max} of the values."""
+    return {f"{prefix}_p50": percentile(values, 0.5), f"{prefix}_p99": percentile(values, 0.99),
+            f"{prefix}_max": max(values, default=0.0)}
+
+
+def figures(events: Sequence[Event], origin_s: float, speed: float, gpus: int, job_ids: Sequence[str],
+            first_plan: dict | None, policy: str, lower_bound_s: float) -> tuple[dict, list[Hold], list]:
+    """The report's figures in job seconds (report.figures on the scaled events), the holds and the planned
+    segments (both in job seconds after the origin)."""
+    from services.planner import convert
+
+    scaled = in_job_seconds(events, origin_s, speed)
+    # the plan's segments are in job seconds after its creation
+    plan = convert.planned_segments(first_plan)
+    plan_origin = (first_plan["created_unix_s"] - origin_s) * speed if first_plan else 0.0
+    f = report.figures(scaled, gpus, 0.0, plan, plan_origin_s=plan_origin, policy=policy,
+                       lower_bound_s=lower_bound_s, jobs=job_ids)
+    hs = report.holds(scaled)
+    shifted = [replace(s, start_s=s.start_s + plan_origin, end_s=s.end_s + plan_origin) for s in plan]
+    return f.to_dict(), hs, shifted
+
+
+def control(events: Sequence[Event], wall_s: float, plan_seconds: Sequence[float], etcd_requests: float,
+            cpu: dict[str, float]) -> dict:
+    """The control plane's figures; reuse gaps in wall seconds."""
+    gaps = reuse_gaps(report.holds(events))
+    out = {"reconciles": len(plan_seconds), **spread(plan_seconds, "plan_s"),
+           "reuse_gap_s_p50": percentile(gaps, 0.5), "reuse_gap_s_p99": percentile(gaps, 0.99),
+           "reuse_gap_s_max": max(gaps, default=0.0), "hand_overs": len(gaps),
+           "etcd_requests_per_s": etcd_requests / wall_s if wall_s > 0 else 0.0,
+           "executor_events_per_s": len(events) / wall_s if wall_s > 0 else 0.0}
+    out.update(cpu)
+    return out

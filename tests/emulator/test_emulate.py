@@ -1,0 +1,111 @@
+"""The emulated cluster: the real etcd, registry, planner and executors, emulated workers.
+
+Each run starts every service as a process (as `omru up` does) and emulated
+nodes a few to a process; the assertions come from the executors' own events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from omru.cli.main import main
+from services.emulator import measure
+from services.emulator.cluster import EmulatedCluster, EmulationConfig, drive
+from services.planner import report
+from services.planner.core import profiles
+from services.planner.core.model import Job
+
+GPUS_PER_NODE = 2
+
+
+def batch(n: int, gpus: int, seed: int, epochs: tuple[int, int], seconds: tuple[float, float]) -> list[Job]:
+    """n jobs with seeded epoch counts and sub-linear speed-ups on 1..gpus GPUs."""
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(n):
+        t1, alpha = rng.uniform(*seconds), rng.uniform(0.6, 0.95)
+        jobs.append(Job(f"job-{i}", rng.randint(*epochs), {g: round(t1 / g ** alpha, 3) for g in range(1, gpus + 1)}))
+    return jobs
+
+
+def emulation(tmp_path, jobs: list[Job], nodes: int, **options) -> tuple[EmulatedCluster, EmulationConfig]:
+    path = tmp_path / "profiles.csv"
+    path.write_text(profiles.to_csv(jobs))
+    config = EmulationConfig(profiles=str(path), nodes=nodes, gpus_per_node=GPUS_PER_NODE, policy="omru",
+                             timeout_s=240, **options)
+    return EmulatedCluster(config, work_dir=tmp_path / "emulation"), config
+
+
+def epoch_events(events, job_id: str) -> list[report.Event]:
+    return [e for e in events if e.kind == report.EPOCH_DONE and e.job_id == job_id]
+
+
+def test_a_small_emulation_runs_every_epoch_exactly_once_at_the_profiled_speed_and_no_gpu_has_two_owners(tmp_path):
+    jobs = batch(20, 8 * GPUS_PER_NODE, seed=3, epochs=(2, 5), seconds=(20.0, 60.0))
+    cluster, config = emulation(tmp_path, jobs, nodes=8, speed=200.0, resize_cost_s=4.0, nodes_per_process=4)
+    with cluster:
+        run = asyncio.run(drive(cluster, jobs))
+    events = run["events"]
+    assert {r.job_id: r.state for r in run["records"]} == {j.id: "FINISHED" for j in jobs}
+    for j in jobs:
+        done = epoch_events(events, j.id)
+        assert sorted(e.epoch for e in done) == list(range(1, j.epochs + 1)), j.id
+        for e in done:  # noise 0: each epoch took the profile's time on the GPUs it ran on (job seconds)
+            assert e.epoch_seconds == pytest.approx(j.profile[e.world_size]), (j.id, e.epoch, e.world_size)
+    assert measure.epochs_run_twice(events) == 0
+    assert measure.double_owned_gpu_s(report.holds(events)) == 0.0
+    nodes = {e.node_id for e in events if e.kind == report.STARTED}
+    assert len(nodes) > 4, "the jobs ran on the nodes of both processes"
+
+
+def test_the_jobs_of_a_killed_node_process_finish_elsewhere_from_their_checkpoints(tmp_path):
+    jobs = batch(8, 4 * GPUS_PER_NODE, seed=5, epochs=(8, 10), seconds=(30.0, 40.0))
+    cluster, config = emulation(tmp_path, jobs, nodes=4, speed=100.0, nodes_per_process=2, ttl_seconds=2)
+    with cluster:
+        run = asyncio.run(drive(cluster, jobs, kill_process_at=0.3))
+    events, killed = run["events"], set(run["killed_nodes"])
+    assert len(killed) == 2
+    assert {r.job_id: r.state for r in run["records"]} == {j.id: "FINISHED" for j in jobs}
+    kill_time = max(e.time_s for e in events if e.node_id in killed)
+    moved = {e.job_id for e in events if e.node_id in killed and e.kind == report.STARTED}
+    assert moved, "a job ran on the nodes that were killed"
+    for job_id in moved:
+        resumed = [e for e in events if e.job_id == job_id and e.kind == report.STARTED and e.time_s > kill_time
+                   and e.node_id not in killed]
+        finished = [e for e in events if e.job_id == job_id and e.kind == report.FINISHED]
+        # it restarted on a surviving node from a checkpoint (the resume point is past epoch 0) or had finished
+        assert finished and (any(e.epoch > 0 for e in resumed) or finished[0].time_s <= kill_time), job_id
+    assert measure.epochs_run_twice(events) == 0
+    assert measure.double_owned_gpu_s(report.holds(events)) == 0.0
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--speed", "0"], "--speed 0.0 must be a positive number"),
+    (["--noise", "-0.1"], "--noise -0.1 must be >= 0"),
+    (["--nodes", "600"], "--nodes 600 is not in 1..512"),
+    (["--nodes", "512", "--gpus-per-node", "16"], "8192 GPUs, more than the emulator holds here (4096)"),
+    (["--resize-cost", "-1"], "--resize-cost -1.0 must be >= 0"),
+])
+def test_bad_settings_exit_2_naming_the_value(tmp_path, capsys, argv, problem):
+    path = tmp_path / "p.csv"
+    path.write_text("job,epochs,gpus,epoch_seconds\na,2,1,4.0\n")
+    settings = {"--nodes": "2", "--gpus-per-node": "1", "--speed": "10"}
+    for flag, value in zip(argv[::2], argv[1::2]):
+        settings[flag] = value
+    args = ["emulate", "--profiles", str(path), "--policy", "omru"] + [x for kv in settings.items() for x in kv]
+    assert main(args) == 2
+    assert problem in capsys.readouterr().err
+
+
+def test_a_csv_the_simulator_refuses_is_refused_the_same_way(tmp_path, capsys):
+    path = tmp_path / "p.csv"
+    path.write_text("job,epochs,gpus,epoch_seconds\na,2,1,4.0\na,2,2,nan\n")
+    assert main(["emulate", "--profiles", str(path), "--nodes", "1", "--gpus-per-node", "2", "--policy", "omru",
+                 "--speed", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "line 3" in err and "epoch_seconds" in err
+    assert main(["simulate", "--profiles", str(path), "--gpus", "2", "--policy", "omru"]) == 2
+    assert capsys.readouterr().err == err.replace("emulate", "simulate")
