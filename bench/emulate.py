@@ -63,6 +63,8 @@ def row(name: str, r: dict, note: str = "") -> None:
           f"{c['etcd_requests_per_s']:>6.0f} {c['executor_events_per_s']:>6.1f} {c['planner_cpu_s']:>6.0f} "
           f"{c['emulator_cpu_s']:>6.0f} {r['wall_s']:>6.0f}" + (f"  {note}" if note else "")
           + ("" if r["all_finished"] else "  NOT ALL FINISHED"), flush=True)
+    for job_id, why in sorted(r["failures"].items()):
+        print(f"    {job_id} failed on {why}")
 
 
 def run(name: str, jobs, nodes: int, speed: float, args, folder: Path) -> dict:

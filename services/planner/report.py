@@ -46,6 +46,7 @@ class Event:
     epoch_seconds: float = 0.0
     accuracy: float = 0.0
     seq: int = 0
+    message: str = ""  # FAILED: why
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

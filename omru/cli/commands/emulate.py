@@ -72,6 +72,7 @@ def emulate(config, jobs, gantt: str | None = None, kill_process_at: float | Non
         "epochs_run_twice": measure.epochs_run_twice(events),
         "double_owned": measure.double_owned_gpu_s(holds),
         "states": {r.job_id: r.state for r in run["records"]},
+        "failures": {e.job_id: f"{e.node_id}: {e.message}" for e in events if e.kind == "failed"},
         "killed_nodes": run["killed_nodes"],
         "wall_s": wall,
         "control": measure.control(events, wall, plan_seconds, run["etcd_requests"], cpu),
