@@ -1,26 +1,27 @@
-"""Plan -> GPU claims -> directives, and replanning on events.
+"""Plan -> GPU claims -> directives: the plan is carried out as it really happens.
 
 `Dispatcher` is the planner's engine. It follows the registry (WatchCluster:
-nodes joining and leaving) and every executor's event log (WatchEvents), keeps
-job state in etcd (services/planner/state.py), and reconciles whenever
-something changed: a job was submitted, cancelled, finished, GPUs were
-released, a node joined or was lost.
+nodes joining and leaving) and every executor's event log (WatchEvents), and
+keeps job state in etcd (services/planner/state.py; this planner is the one
+writer of job records and keeps them in memory too).
 
-One reconcile:
-1. plan the remaining work of every live job with the policy from the core
-   registry (epoch times = profile + measured start overhead spread over the
-   remaining epochs; the planning itself is timed in real seconds);
-2. `decide` (pure) turns the plan's first moment into actions: start waiting
-   jobs the plan starts now, grow running jobs the plan gives more GPUs
-   (only when that pays back the restart), then - work conserving - start
-   further waiting jobs on GPUs still free. Running jobs are never preempted
-   or shrunk, so GPUs a job releases go at once to running or waiting jobs
-   (live GPU reuse);
-3. claim the GPUs in the registry (an etcd create-if-absent per GPU) and send
-   START / RESIZE directives to the executors of every node involved (direct
-   calls with deadlines, and to WatchDirectives subscribers). A resized job
-   moves at its next epoch boundary (the executor checkpoints, releases and
-   restarts it with the learning rate rescaled).
+Replanning (`reconcile`) happens when a job is submitted, cancelled or fails,
+a node joins or is lost, a job's mean epoch time departs from the plan's by
+more than REPLAN_DEVIATION, or nothing planned can start while every job
+waits. It plans the remaining work with the policy from the core registry
+(epoch times = profile + measured start overhead spread over the remaining
+epochs), giving the core the epoch each running job is in, on the GPUs it
+holds, as committed history; the planning runs in a thread and everything
+keeps going meanwhile.
+
+Following (`_follow`, on every event that frees GPUs or brings a job to a
+planned move) begins the planned steps whose time has really come, on exactly
+the planned GPUs and in the planned order per GPU (follow.py): claim the GPUs
+in the registry (an etcd create-if-absent per GPU) and send START / RESIZE
+directives to the executors of every node involved (direct calls with
+deadlines, and to WatchDirectives subscribers). A resized job moves at its
+next epoch boundary (the executor checkpoints, releases and restarts it with
+the learning rate rescaled).
 
 Profiles: a job submitted with epoch times (workload `profile:`) uses them;
 otherwise the profiler service measures it. Every epoch an executor reports
@@ -36,11 +37,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 from services.common.logging import get_logger
 from services.planner import state as st
+from services.planner.follow import Live, Move, Step, follow
 from services.planner.report import Event
 from services.planner.state import JobRecord, PlannerState
 
@@ -50,127 +52,17 @@ Gpu = tuple[str, int]
 
 #: Plans whose makespans differ by less than this share count as equal (see policies/omru.py).
 MAKESPAN_TOLERANCE = 0.02
+#: Seconds a replan waits for more changes to come with the one that asked for it.
+REPLAN_QUIET_S = 0.2
+#: Seconds between passes over the plan when no event asks for one.
+FOLLOW_EVERY_S = 5.0
+#: Seconds before a refused claim is tried again.
+CLAIM_RETRY_S = 0.2
+#: A job whose mean epoch time departs from the plan's by more than this share makes the planner replan.
+REPLAN_DEVIATION = 0.10
 
 
-# --- pure decisions ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JobView:
-    """What `decide` needs of one live job."""
-
-    job_id: str
-    state: str
-    gpus: tuple[Gpu, ...]  # held now (running) or reserved (starting / resizing)
-    remaining: int  # epochs still to train
-    min_gpus: int = 1
-    max_gpus: int = 0  # 0 = any
-    epoch_s: Mapping[int, float] | None = None  # seconds per epoch by GPU count
-
-
-@dataclass(frozen=True)
-class Action:
-    """Start (job waits) or resize (job runs) `job_id` on exactly `gpus`."""
-
-    job_id: str
-    kind: str  # "start" | "resize"
-    gpus: tuple[Gpu, ...]
-
-
-def decide(jobs: Sequence[JobView], gpus: Sequence[Gpu], now_counts: Mapping[str, int],
-           order: Sequence[str], overhead_s: float = 0.0) -> list[Action]:
-    """Actions for this moment, given the plan's GPU counts at its start and its job order.
-
-    Never gives one GPU to two jobs, never moves a job that is starting or
-    resizing, never preempts a running job. A running job shrinks only where
-    the plan gives it fewer GPUs now and a job the plan starts now needs them
-    (it moves at its next epoch boundary; the GPUs go on once released).
-    """
-    busy = {g for j in jobs for g in j.gpus}
-    free = [g for g in gpus if g not in busy]
-    actions: list[Action] = []
-    rank = {j: i for i, j in enumerate(order)}
-    by_order = sorted(jobs, key=lambda j: rank.get(j.job_id, len(rank)))
-
-    def clamp(j: JobView, n: int) -> int:
-        hi = j.max_gpus or len(gpus)
-        return max(min(n, hi), j.min_gpus)
-
-    waiting = [j for j in by_order if j.state == st.WAITING]
-    running = [j for j in by_order if j.state == st.RUNNING]
-    # 0. running jobs the plan shrinks now, as far as jobs the plan starts now lack free GPUs
-    short = sum(clamp(j, now_counts[j.job_id]) for j in waiting if now_counts.get(j.job_id, 0)) - len(free)
-    shrunk = set()
-    for j in running:
-        n = clamp(j, now_counts.get(j.job_id, 0))
-        if short > 0 and now_counts.get(j.job_id, 0) and n < len(j.gpus) and j.remaining >= 2:
-            keep = _keep(j.gpus, n)
-            short -= len(j.gpus) - len(keep)
-            shrunk.add(j.job_id)
-            actions.append(Action(j.job_id, "resize", keep))
-    running = [j for j in running if j.job_id not in shrunk]
-    # 1. waiting jobs the plan starts now, with their planned count (fewer if that is all there is)
-    for j in waiting:
-        n = now_counts.get(j.job_id, 0)
-        if n and len(free) >= j.min_gpus:
-            take = _pick(free, min(clamp(j, n), len(free)))
-            actions.append(Action(j.job_id, "start", take))
-    # 2. running jobs the plan gives more GPUs, when the gain beats the restart
-    for j in running:
-        want = clamp(j, now_counts.get(j.job_id, 0))
-        extra = min(want - len(j.gpus), len(free))
-        if extra > 0 and _pays(j, len(j.gpus), len(j.gpus) + extra, overhead_s):
-            take = _pick(free, extra, near=j.gpus)
-            actions.append(Action(j.job_id, "resize", tuple(j.gpus) + take))
-    # 3. work conserving: later waiting jobs on what is still free, then growth
-    started = {a.job_id for a in actions}
-    for j in waiting:
-        if j.job_id not in started and len(free) >= j.min_gpus and free:
-            later = now_counts.get(j.job_id, 0) or 1
-            actions.append(Action(j.job_id, "start", _pick(free, min(clamp(j, later), len(free)))))
-    grown = {a.job_id for a in actions}
-    for j in running:
-        if free and j.job_id not in grown:
-            hi = clamp(j, len(gpus))
-            extra = min(hi - len(j.gpus), len(free))
-            if extra > 0 and _pays(j, len(j.gpus), len(j.gpus) + extra, overhead_s):
-                actions.append(Action(j.job_id, "resize", tuple(j.gpus) + _pick(free, extra, near=j.gpus)))
-    return actions
-
-
-def _pays(j: JobView, old: int, new: int, overhead_s: float) -> bool:
-    """True when moving from `old` to `new` GPUs finishes the job earlier, restart included."""
-    if not j.epoch_s or old not in j.epoch_s or new not in j.epoch_s:
-        return j.remaining >= 2
-    left = j.remaining - 1  # the epoch under way finishes on the old GPUs
-    return left > 0 and left * j.epoch_s[new] + overhead_s < left * j.epoch_s[old]
-
-
-def _keep(held: Sequence[Gpu], n: int) -> tuple[Gpu, ...]:
-    """The n of `held` a shrinking job keeps: on the nodes where it holds most."""
-    per_node: dict[str, int] = {}
-    for g in held:
-        per_node[g[0]] = per_node.get(g[0], 0) + 1
-    return tuple(sorted(held, key=lambda g: (-per_node[g[0]], g))[:n])
-
-
-def _pick(free: list[Gpu], n: int, near: Sequence[Gpu] = ()) -> tuple[Gpu, ...]:
-    """Take n GPUs from `free` (in place): on the nodes of `near` first, else the best-fitting node."""
-    if n <= 0:
-        return ()
-    nodes: dict[str, list[Gpu]] = {}
-    for g in free:
-        nodes.setdefault(g[0], []).append(g)
-    home = {g[0] for g in near}
-    order = sorted(nodes, key=lambda nd: (nd not in home, len(nodes[nd]) < n, len(nodes[nd]), nd))
-    taken: list[Gpu] = []
-    for nd in order:
-        for g in nodes[nd]:
-            if len(taken) < n:
-                taken.append(g)
-    for g in taken:
-        free.remove(g)
-    return tuple(taken)
+# --- epoch tables --------------------------------------------------------------
 
 
 def epoch_table(profile: Mapping[int, float], gpus: int, min_gpus: int = 1, max_gpus: int = 0) -> dict[int, float]:
@@ -253,6 +145,12 @@ class Dispatcher:
         self._profiling: set[str] = set()
         self._measured: set[str] = set()  # attempts whose start overhead is measured
         self._lock = asyncio.Lock()
+        self._follow_needed = asyncio.Event()
+        self.records: dict[str, JobRecord] = {}  # every job, as stored (this planner is their one writer)
+        self.steps: list[Step] = []  # the plan in force, as steps to follow
+        self._steps_of: dict[str, list[Step]] = {}
+        self._tau: dict[str, dict[int, float]] = {}  # the epoch times the plan assumed, by job and GPU count
+        self._deviated: set[str] = set()  # jobs that made the planner replan since the last plan
         self.plan_version = 0
         self.policy_in_force = self.default_policy
 
@@ -263,7 +161,9 @@ class Dispatcher:
         if plan:
             self.plan_version = plan["version"]
             self.policy_in_force = plan["policy"]
-        self._tasks = [asyncio.create_task(self._follow_cluster()), asyncio.create_task(self._replan_loop())]
+        self.records = {r.job_id: r for r in await self.state.jobs()}
+        self._tasks = [asyncio.create_task(self._follow_cluster()), asyncio.create_task(self._replan_loop()),
+                       asyncio.create_task(self._follow_loop())]
         self.poke()
 
     async def stop(self) -> None:
@@ -317,6 +217,7 @@ class Dispatcher:
     async def _update(self, job_id: str, change) -> JobRecord | None:
         r = await self.state.update_job(job_id, change)
         if r is not None:
+            self.records[job_id] = r
             for q in list(self._job_watchers):
                 q.put_nowait(r)
         return r
@@ -328,8 +229,9 @@ class Dispatcher:
         created, existing = await self.state.create_jobs(records)
         if created:
             await self.state.set_origin(min(r.submitted_s for r in records))
-            for r in await self.state.jobs():
-                if r.job_id in {x.job_id for x in records}:
+            for r in await asyncio.gather(*(self.state.job(x.job_id) for x in records)):
+                if r is not None:
+                    self.records[r.job_id] = r
                     for q in list(self._job_watchers):
                         q.put_nowait(r)
             self.poke()
@@ -398,7 +300,7 @@ class Dispatcher:
         if t:
             t.cancel()
         log.warning("node_lost", node=node_id)
-        for r in await self.state.jobs():
+        for r in list(self.records.values()):
             if r.terminal or not any(g[0] == node_id for g in r.gpus + r.target):
                 continue
             await self._send_stop(r, [g for g in r.gpus + r.target if g[0] != node_id], reason=f"node {node_id} lost")
@@ -438,33 +340,39 @@ class Dispatcher:
     # executor events --------------------------------------------------------------
 
     async def _on_event(self, e: Event) -> None:
-        r = await self.state.job(e.job_id)
+        r = self.records.get(e.job_id)
         if r is None:
             return
         current = e.attempt_id == r.attempt_id
         if e.kind == "started" and current and not r.terminal:
-            await self._update(r.job_id, lambda c: replace(c, state=st.RUNNING, gpus=c.target, world_size=len(c.target))
+            await self._update(r.job_id, lambda c: replace(c, state=st.RUNNING, gpus=c.target, world_size=len(c.target),
+                                                           progress_s=e.time_s)
                                if c.attempt_id == e.attempt_id and not c.terminal else None)
-            self.poke()
+            self._follow_soon()
         elif e.kind == "epoch_done":
             if current and r.sent_s and r.attempt_id not in self._measured:  # first epoch of this attempt
                 self._measured.add(r.attempt_id)
                 self.overheads.append(max(0.0, (e.time_s - r.sent_s) * self.time_scale - e.epoch_seconds))
-            await self._update(r.job_id, lambda c: replace(
+            r = await self._update(r.job_id, lambda c: replace(
                 c, epochs_done=max(c.epochs_done, e.epoch), accuracy=e.accuracy if e.epoch >= c.epochs_done else c.accuracy,
                 observed=observe(c.observed, e.world_size, e.epoch_seconds) if e.world_size and e.epoch_seconds > 0
-                else c.observed))
+                else c.observed, progress_s=e.time_s if current else c.progress_s))
+            if r is not None and self._due(r):
+                self._follow_soon()
+            if r is not None and self._departs(r, e.world_size):
+                log.info("replan_on_deviation", job_id=r.job_id, world_size=e.world_size,
+                         observed_s=round(r.observed[e.world_size][0], 3), planned_s=self._tau[r.job_id][e.world_size])
+                self.poke()
         elif e.kind == "finished":
             await self._update(r.job_id, lambda c: None if c.terminal else replace(
                 c, state=st.FINISHED, epochs_done=c.epochs, finished_s=e.time_s, message=""))
-            self.poke()
+            self._follow_soon()
         elif e.kind == "gpus_released":
-            r = await self.state.job(e.job_id)
             keep = set() if r.terminal else set(r.target)
             mine = [g for g in e.gpus if g[0] == e.node_id and g not in keep]
             if mine or r.terminal:
                 await self._release(r.job_id, mine if not r.terminal else ())
-            self.poke()
+            self._follow_soon()
         elif e.kind == "failed" and current and not r.terminal:
             await self._send_stop(r, r.gpus + r.target, reason="a rank failed")
             await self._update(r.job_id, lambda c: None if c.terminal or c.attempt_id != e.attempt_id else replace(
@@ -489,100 +397,184 @@ class Dispatcher:
     def live_gpus(self) -> list[Gpu]:
         return sorted((n.node_id, g.index) for n in self.nodes.values() for g in n.gpus)
 
+    def _due(self, r: JobRecord) -> bool:
+        """True when the job's next planned step may begin at its coming epoch boundary."""
+        return any(s.job_id == r.job_id and r.epochs_done + 1 >= s.after and set(s.gpus) != set(r.gpus)
+                   for s in self._steps_of.get(r.job_id, ()))
+
+    def _departs(self, r: JobRecord, world_size: int) -> bool:
+        """True (once per plan and job) when the job's mean epoch time at its size is off the plan's by
+        more than REPLAN_DEVIATION, over at least two epochs."""
+        planned = self._tau.get(r.job_id, {}).get(world_size)
+        mean, n = r.observed.get(world_size, (0.0, 0))
+        if not planned or n < 2 or r.job_id in self._deviated or abs(mean / planned - 1) <= REPLAN_DEVIATION:
+            return False
+        self._deviated.add(r.job_id)
+        return True
+
     async def _replan_loop(self) -> None:
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), timeout=5.0)
+            await self._dirty.wait()
+            await asyncio.sleep(REPLAN_QUIET_S)  # a burst of changes (a big submission) makes one plan
             self._dirty.clear()
             try:
-                async with self._lock:
-                    await self.reconcile()
+                await self.reconcile()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.exception("reconcile_failed", error=str(exc))
                 await asyncio.sleep(0.5)
 
+    def _follow_soon(self) -> None:
+        self._follow_needed.set()
+
+    async def _follow_loop(self) -> None:
+        """Carry the plan out as events come (bursts of events coalesce into one pass)."""
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):  # and now and then, in case an event was missed
+                await asyncio.wait_for(self._follow_needed.wait(), timeout=FOLLOW_EVERY_S)
+            self._follow_needed.clear()
+            try:
+                async with self._lock:
+                    await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("follow_failed", error=str(exc))
+                await asyncio.sleep(0.5)
+
     async def reconcile(self) -> None:
-        records = [r for r in await self.state.jobs() if not r.terminal]
-        gpus = self.live_gpus()
-        for r in records:
-            if r.state == st.PENDING and r.job_id not in self._profiling:
+        """Replan: what waits and what runs (as committed history) go to the core; the new plan is followed."""
+        async with self._lock:
+            gpus = self.live_gpus()
+            for r in [r for r in self.records.values() if r.state == st.PENDING]:
+                if r.job_id in self._profiling:
+                    continue
                 if r.profile:
                     await self._update(r.job_id, lambda c: replace(c, state=st.WAITING) if c.state == st.PENDING else None)
                 elif gpus:
                     self._profiling.add(r.job_id)
                     asyncio.get_running_loop().create_task(self._profile(r, len(gpus)))
-        records = [r for r in await self.state.jobs() if not r.terminal and r.profile
-                   and r.state in (st.WAITING, st.STARTING, st.RUNNING, st.RESIZING)]
-        if not records or not gpus:
-            return
-        plan, counts, order, tables = await self._plan(records, gpus)
-        views = [JobView(r.job_id, r.state, tuple(dict.fromkeys(r.gpus + r.target)) if r.state != st.WAITING else (),
-                         max(r.epochs - r.epochs_done, 0), r.spec.get("min_gpus", 1), r.max_gpus, tables[r.job_id])
-                 for r in records]
-        actions = decide(views, gpus, counts, order, self.overhead_s)
-        for a in actions:
-            await self._act(a)
-        if plan is not None and (actions or self.plan_version == 0):
-            self.plan_version += 1
-            plan["version"] = self.plan_version
-            # the batch's first plan is the first one that covers every job (none still profiling)
-            unplanned = [r for r in await self.state.jobs() if r.state in (st.PENDING, st.PROFILING)]
-            await self.state.put_plan(plan, first=not unplanned)
-            for q in list(self._job_watchers):  # a plan change is news too
-                for r in records:
-                    q.put_nowait(await self.state.job(r.job_id))
+            records = [r for r in self.records.values() if not r.terminal and r.profile
+                       and r.state in (st.WAITING, st.STARTING, st.RUNNING, st.RESIZING)]
+            if not records or not gpus:
+                return
+            problem, base, tables = self._problem(records, gpus)
+            attempts = {r.job_id: r.attempt for r in records}
+        plan = await self._plan(problem, base, gpus) if problem is not None else None
+        async with self._lock:
+            if plan is not None:
+                # jobs that started or moved while the core planned keep the steps they follow
+                moved = {j for j, a in attempts.items() if j in self.records and self.records[j].attempt != a}
+                self.steps = [x for x in plan["steps"] if x.job_id not in moved] + [
+                    x for x in self.steps if x.job_id in moved]
+                self._steps_of = {}
+                for step in self.steps:
+                    self._steps_of.setdefault(step.job_id, []).append(step)
+                self._tau = tables
+                self._deviated = set()
+                self.plan_version += 1
+                plan["record"]["version"] = self.plan_version
+                # the batch's first plan is the first one that covers every job (none still profiling)
+                unplanned = [r for r in self.records.values() if r.state in (st.PENDING, st.PROFILING)]
+                await self.state.put_plan(plan["record"], first=not unplanned)
+                for q in list(self._job_watchers):  # a plan change is news too
+                    for r in records:
+                        q.put_nowait(self.records.get(r.job_id, r))
+            await self._follow()
 
-    async def _plan(self, records: list[JobRecord], gpus: list[Gpu]):
-        from services.planner.core import bounds, registry
-        from services.planner.core.model import Cluster, Job, PlanningError, PlanningInput
+    async def _follow(self) -> None:
+        """Begin every planned step whose time has really come (follow.py); replan when none can while
+        GPUs idle and jobs wait for nothing that runs."""
+        gpus = self.live_gpus()
+        live = {}
+        for r in self.records.values():
+            if r.terminal or not r.profile or r.state not in (st.WAITING, st.STARTING, st.RUNNING, st.RESIZING):
+                continue
+            waiting = r.state == st.WAITING
+            live[r.job_id] = Live(r.job_id, waiting, r.state in (st.STARTING, st.RESIZING),
+                                  () if waiting else tuple(dict.fromkeys(r.gpus + r.target)), r.epochs_done)
+        moves = follow(self.steps, live, gpus)
+        await asyncio.gather(*(self._act(m) for m in moves))
+        if not moves and live and all(j.waiting for j in live.values()) and gpus:
+            self.poke()  # nothing runs and nothing planned can start: the plan is spent or stale
+
+    def _problem(self, records: list[JobRecord], gpus: list[Gpu]):
+        """(PlanningInput with the running jobs' current epochs as committed history, epochs done before
+        each job's first planned step, epoch tables by job); the input is None when every job is in
+        its last epoch."""
+        from services.planner.core.model import Cluster, Job, PlanningInput, Segment
 
         per_node = {n for n in (sum(1 for g in gpus if g[0] == nd) for nd in {g[0] for g in gpus})}
         cluster = Cluster.of(len(gpus), per_node.pop()) if len(per_node) == 1 else Cluster.of(len(gpus), 1)
-        tables = {}
-        jobs = []
+        index = {g: i for i, g in enumerate(gpus)}
+        now = time.time()
+        tables, jobs, committed, base = {}, [], [], {}
         for r in records:
-            remaining = max(r.epochs - r.epochs_done, 1)
             profile = corrected_profile(r.profile, r.observed) if self.learn_profiles else r.profile
             table = epoch_table(profile, len(gpus), r.spec.get("min_gpus", 1), r.max_gpus)
             tables[r.job_id] = table
-            running = len(r.gpus) if r.state != st.WAITING else 0
-            planned = {g: t + (0.0 if g == running else self.overhead_s / remaining) for g, t in table.items()}
+            left = max(r.epochs - r.epochs_done, 0)
+            base[r.job_id] = r.epochs_done
+            held = r.target if r.state in (st.STARTING, st.RESIZING) else r.gpus
+            running = r.state != st.WAITING and held and all(g in index for g in held)
+            if running and left:  # its epoch under way ends at its next boundary, on what it holds
+                tau = table[len(held)]
+                elapsed = (now - r.progress_s) * self.time_scale if r.state == st.RUNNING and r.progress_s else 0.0
+                until = max(tau - elapsed, 0.05 * tau) + (self.overhead_s if r.state != st.RUNNING else 0.0)
+                committed.append(Segment(r.job_id, 0.0, until, tuple(sorted(index[g] for g in held)), 1))
+                left -= 1
+                base[r.job_id] += 1
+            if left <= 0:
+                continue
+            planned = {g: t + (0.0 if running and g == len(held) else self.overhead_s / left) for g, t in table.items()}
             # measured spreads, corrected and charged in the ratio the profile's time at their count is
             raw = epoch_table(r.profile, len(gpus), r.spec.get("min_gpus", 1), r.max_gpus) if r.placement else {}
             placement = {(g, k): t * planned[g] / raw[g] for g, k, t in r.placement if g <= len(gpus)}
-            jobs.append(Job(id=r.job_id, epochs=remaining, profile=planned, placement=placement))
+            jobs.append(Job(id=r.job_id, epochs=left, profile=planned, placement=placement))
+        if not jobs:
+            return None, base, tables
+        options = {**self.policy_options, "committed": tuple(committed), "start_s": 0.0}
+        return (PlanningInput(jobs=tuple(jobs), cluster=cluster, seed=self.seed, options=options,
+                              resize_cost_s=self.overhead_s), base, tables)
+
+    async def _plan(self, problem, base: dict[str, int], gpus: list[Gpu]) -> dict | None:
+        """Plan with the policy in force (in a thread); {"steps": [Step], "record": the plan to store}."""
+        from services.planner.core import bounds, registry, validate
+        from services.planner.core.model import PlanningError
+        from services.planner.core.simulator import replay
+
         name = self.policy_in_force
+        committed = problem.options["committed"]
         began = time.monotonic()
+
+        def plan():
+            result = registry.plan(name, problem)
+            if committed or validate.violations(result, problem):  # as the cluster runs it, after what runs
+                result = replay(result, problem, committed)
+            return result, bounds.fluid(problem)
+
         try:
-            problem = PlanningInput(jobs=tuple(jobs), cluster=cluster, seed=self.seed, options=self._options(name, jobs),
-                                    resize_cost_s=self.overhead_s)
-            result, lower_bound = await asyncio.to_thread(lambda: (registry.plan(name, problem), bounds.fluid(problem)))
+            result, lower_bound = await asyncio.to_thread(plan)
         except PlanningError as exc:
             log.error("planning_failed", error=str(exc))
-            return None, {}, [r.job_id for r in records], tables
-        seconds = (time.monotonic() - began) * self.time_scale  # in job seconds
-        log.info("planned", policy=name, jobs=len(jobs), plan_s=round(time.monotonic() - began, 4),
+            return None
+        wall = time.monotonic() - began
+        seconds = wall * self.time_scale  # in job seconds
+        log.info("planned", policy=name, jobs=len(problem.jobs), running=len(committed), plan_s=round(wall, 4),
                  makespan_s=round(result.makespan_s, 1))
-        now = time.time()
-        counts: dict[str, int] = {}
-        first: dict[str, float] = {}
-        for s in result.segments:
-            first[s.job] = min(first.get(s.job, s.start_s), s.start_s)
-            if s.start_s <= 1e-6:
-                counts[s.job] = max(counts.get(s.job, 0), len(s.gpus))
-        order = sorted(first, key=lambda j: (first[j], j))
-        plan = {
-            "version": 0, "policy": name, "created_unix_s": now, "planning_seconds": seconds,
+        done = dict(base)
+        steps = []
+        for s in sorted(result.segments, key=lambda s: (s.start_s, s.job)):
+            steps.append(Step(s.job, tuple(gpus[i] for i in s.gpus), done[s.job], s.start_s, s.epochs))
+            done[s.job] += s.epochs
+        record = {
+            "version": 0, "policy": name, "created_unix_s": time.time(), "planning_seconds": seconds,
             "makespan_s": result.makespan_s + seconds, "overhead_s": self.overhead_s, "lower_bound_s": lower_bound,
             "segments": [{"job": s.job, "start_s": s.start_s + seconds, "end_s": s.end_s + seconds,
                           "gpus": [list(gpus[i]) for i in s.gpus], "epochs": s.epochs} for s in result.segments],
         }
-        return plan, counts, order, tables
-
-    def _options(self, name: str, jobs) -> dict:
-        return dict(self.policy_options)
+        return {"steps": steps, "record": record}
 
     async def _profile(self, r: JobRecord, max_gpus: int) -> None:
         """Ask the profiler for the job's epoch times; the job waits (or fails, saying why)."""
@@ -629,19 +621,21 @@ class Dispatcher:
 
     # dispatching ------------------------------------------------------------------
 
-    async def _act(self, a: Action) -> None:
+    async def _act(self, a: Move) -> None:
         import grpc
 
         from omru.v1 import executor_pb2, registry_pb2
         from services.planner import convert
 
-        r = await self.state.job(a.job_id)
+        r = self.records.get(a.job_id)
         if r is None or r.terminal:
             return
         try:
             await self._registry().ClaimGpus(registry_pb2.ClaimGpusRequest(job_id=r.job_id, gpus=convert.gpu_refs(a.gpus)), timeout=5)
         except grpc.aio.AioRpcError as exc:
-            log.warning("claim_refused", job=r.job_id, gpus=a.gpus, error=exc.details())
+            # (a GPU's last holder has not given its claim back yet: its release is on the way)
+            log.info("claim_refused", job_id=r.job_id, error=(exc.details() or "")[:200])
+            asyncio.get_running_loop().call_later(CLAIM_RETRY_S, self._follow_soon)
             return
         old = r.gpus
         r = await self._update(r.job_id, lambda c: replace(
@@ -653,9 +647,8 @@ class Dispatcher:
         d = convert.directive(kind, r, a.gpus, f"{host}:0", await self._checkpoint_dir(r.job_id),
                               f"{r.attempt_id}-{a.kind}")
         nodes = list(dict.fromkeys([g[0] for g in a.gpus] + [g[0] for g in old]))
-        log.info("dispatch", job=r.job_id, kind=a.kind, gpus=a.gpus, attempt=r.attempt_id)
-        for node_id in nodes:
-            await self._deliver(node_id, d)
+        log.info("dispatch", job_id=r.job_id, kind=a.kind, gpus=a.gpus, attempt=r.attempt_id)
+        await asyncio.gather(*(self._deliver(node_id, d) for node_id in nodes))
 
     async def _deliver(self, node_id: str, d) -> None:
         from omru.v1 import executor_pb2

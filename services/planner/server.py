@@ -32,10 +32,15 @@ async def start(config: cfg.PlannerConfig, servicer=None) -> RunningServer:
         servicer = PlannerServicer(dispatcher)
         hooks = [dispatcher.stop, etcd.close]
     service = Service(planner_pb2_grpc.add_PlannerServiceServicer_to_server, servicer, service_name(planner_pb2, "PlannerService"))
-    running = await start_server(config.server, [service])
-    running.on_stop.extend(hooks)
     if dispatcher is not None:
-        await dispatcher.start()
+        await dispatcher.start()  # (it knows the stored jobs before the first request comes)
+    try:
+        running = await start_server(config.server, [service])
+    except BaseException:
+        for hook in hooks:
+            await hook()
+        raise
+    running.on_stop.extend(hooks)
     return running
 
 

@@ -78,7 +78,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
                 records.append(None)
                 continue
             seen[spec.job_id] = spec
-            stored = await self.dispatcher.state.job(spec.job_id)
+            stored = self.dispatcher.records.get(spec.job_id)
             if stored is not None:
                 if convert.record_spec(stored) != convert.job_spec(job):
                     problems.append(f"{where}: job_id already submitted with a different spec")

@@ -57,6 +57,7 @@ class JobRecord:
     gpus: tuple[Gpu, ...] = ()
     target: tuple[Gpu, ...] = ()
     sent_s: float = 0.0
+    progress_s: float = 0.0  # when the running attempt started or last finished an epoch (Unix seconds)
     submitted_s: float = 0.0
     finished_s: float = 0.0
     message: str = ""

@@ -1,64 +1,102 @@
-"""The dispatcher's pure decisions: who starts or grows now, on which GPUs."""
+"""The planner's pure decisions: which planned steps begin now, on which GPUs; epoch tables."""
 
 from __future__ import annotations
 
-import itertools
+import random
 
 import pytest
 
-from services.planner.dispatcher import JobView, corrected_profile, decide, epoch_table, observe
+from services.planner.dispatcher import corrected_profile, epoch_table, observe
+from services.planner.follow import Live, Step, follow
 
 N0 = [("n0", 0), ("n0", 1)]
 N1 = [("n1", 0), ("n1", 1)]
 GPUS = N0 + N1
 
 
-def waiting(j, remaining=5, **kw):
-    return JobView(j, "WAITING", (), remaining, **kw)
+def waiting(j, done=0):
+    return Live(j, True, False, (), done)
 
 
-def running(j, gpus, remaining=5, **kw):
-    return JobView(j, "RUNNING", tuple(gpus), remaining, **kw)
+def running(j, gpus, done=0, moving=False):
+    return Live(j, False, moving, tuple(gpus), done)
 
 
-def test_waiting_jobs_start_with_their_planned_counts_on_one_node_each():
-    acts = decide([waiting("a"), waiting("b")], GPUS, {"a": 2, "b": 2}, ["a", "b"])
-    assert {a.job_id: (a.kind, len({g[0] for g in a.gpus}), len(a.gpus)) for a in acts} == {
-        "a": ("start", 1, 2), "b": ("start", 1, 2)}
+def live(*jobs):
+    return {j.job_id: j for j in jobs}
 
 
-def test_released_gpus_grow_a_running_job_when_the_gain_beats_the_restart():
-    fast = {1: 10.0, 2: 5.5, 3: 4.0, 4: 3.2}
-    acts = decide([running("b", N0[:1], remaining=6, epoch_s=fast)], GPUS[:2], {"b": 2}, ["b"], overhead_s=4.0)
-    assert [(a.job_id, a.kind, a.gpus) for a in acts] == [("b", "resize", (("n0", 0), ("n0", 1)))]
+def moves(steps, jobs, gpus=GPUS):
+    return [(m.job_id, m.kind, m.gpus) for m in follow(steps, live(*jobs), gpus)]
 
 
-def test_no_grow_when_the_restart_costs_more_than_it_saves():
-    flat = {1: 10.0, 2: 9.5}
-    assert decide([running("b", N0[:1], remaining=3, epoch_s=flat)], N0, {"b": 2}, ["b"], overhead_s=4.0) == []
+def test_a_waiting_job_starts_on_exactly_its_planned_gpus_when_they_are_free():
+    steps = [Step("a", (N1[1], N0[0]), 0, 0.0, 5)]
+    assert moves(steps, [waiting("a")]) == [("a", "start", (N1[1], N0[0]))]
+    # one of them held by a job the plan does not know: it waits
+    assert moves(steps, [waiting("a"), running("x", [N0[0]])]) == []
 
 
-def test_a_job_in_transition_keeps_its_gpus_and_a_waiting_job_takes_the_rest():
-    moving = JobView("m", "RESIZING", tuple(N0 + N1[:1]), 4)
-    acts = decide([moving, waiting("w")], GPUS, {"w": 4}, ["m", "w"])
-    assert [(a.job_id, a.gpus) for a in acts] == [("w", (("n1", 1),))]
+def test_gpus_are_handed_over_in_the_planned_order_when_the_holder_really_releases_them():
+    # a runs on n0 until it ends; b is planned there after it, c after b
+    steps = [Step("b", tuple(N0), 0, 100.0, 3), Step("c", tuple(N0), 0, 200.0, 3)]
+    assert moves(steps, [running("a", N0, done=4), waiting("b"), waiting("c")]) == []
+    # a ended (early or late): b takes n0, and c, planned later, does not jump the queue
+    assert moves(steps, [waiting("b"), waiting("c")]) == [("b", "start", tuple(N0))]
+    # c is not planned on n1, so free n1 does not tempt it
+    assert moves(steps, [running("b", N0), waiting("c")]) == []
 
 
-def test_gpus_left_free_start_waiting_jobs_not_planned_now_then_grow_running_ones():
-    acts = decide([running("r", N0), waiting("later")], N0 + N1, {"r": 2}, ["r", "later"])
-    assert [(a.job_id, a.kind, len(a.gpus)) for a in acts] == [("later", "start", 1), ("r", "resize", 3)]
+def test_a_running_job_moves_in_the_last_epoch_before_its_next_step_and_only_onto_gpus_it_may_take():
+    # a runs on n0 for 3 more epochs (it has done 2), then on all four GPUs
+    steps = [Step("a", tuple(N0), 2, 0.0, 3), Step("a", tuple(GPUS), 5, 30.0, 4)]
+    assert moves(steps, [running("a", N0, done=2)]) == []
+    assert moves(steps, [running("a", N0, done=4)]) == [("a", "resize", tuple(GPUS))]
+    # the GPUs it gains are still held by another job: it keeps running where it is
+    assert moves(steps, [running("a", N0, done=4), running("x", N1[:1])]) == []
+    # a move already under way is left alone
+    assert moves(steps, [running("a", N0, done=4, moving=True)]) == []
 
 
-@pytest.mark.parametrize("nodes,per", [(1, 2), (2, 2), (3, 1), (2, 3)])
-def test_no_gpu_is_ever_given_twice_over_cluster_shapes(nodes, per):
+def test_a_shrink_needs_no_free_gpu_and_frees_the_rest_for_the_next_in_line():
+    steps = [Step("a", tuple(N0), 6, 40.0, 2), Step("b", tuple(N1), 0, 41.0, 5)]
+    assert moves(steps, [running("a", GPUS, done=5), waiting("b")]) == [("a", "resize", tuple(N0))]
+    # b waits for a to let n1 go
+    assert moves(steps, [running("a", GPUS, done=3), waiting("b")]) == []
+
+
+def test_steps_already_done_or_running_are_not_begun_again():
+    steps = [Step("a", tuple(N0), 0, 0.0, 3), Step("a", tuple(GPUS), 3, 30.0, 2)]
+    assert moves(steps, [running("a", GPUS, done=3)]) == []
+    assert moves(steps, [running("a", GPUS, done=5)]) == []
+
+
+@pytest.mark.parametrize("nodes,per", [(1, 4), (2, 2), (3, 3)])
+def test_no_gpu_is_ever_given_twice_over_random_plans_and_states(nodes, per):
     gpus = [(f"n{n}", i) for n in range(nodes) for i in range(per)]
-    for k, counts in enumerate(itertools.product([0, 1, 2, 4], repeat=3)):
-        held = gpus[: k % 2]
-        jobs = [running("r", held)] if held else []
-        jobs += [waiting(f"w{i}") for i in range(3)]
-        acts = decide(jobs, gpus, {f"w{i}": c for i, c in enumerate(counts)} | {"r": 3}, [j.job_id for j in jobs])
-        given = [g for a in acts for g in a.gpus if not (a.kind == "resize" and g in held)] + list(held)
-        assert len(given) == len(set(given)) and set(given) <= set(gpus)
+    rng = random.Random(nodes * 10 + per)
+    for _ in range(300):
+        steps, jobs, free = [], [], list(gpus)
+        rng.shuffle(free)
+        for k in range(rng.randint(1, 6)):
+            name = f"j{k}"
+            if free and rng.random() < 0.4:
+                held = [free.pop() for _ in range(rng.randint(1, min(2, len(free))))]
+                jobs.append(running(name, held, done=rng.randint(0, 4)))
+            else:
+                jobs.append(waiting(name))
+            after = 0
+            for _ in range(rng.randint(1, 3)):
+                steps.append(Step(name, tuple(rng.sample(gpus, rng.randint(1, len(gpus)))), after,
+                                  rng.uniform(0, 100), 2))
+                after += 2
+        acts = follow(steps, live(*jobs), gpus)
+        owner = {g: j.job_id for j in jobs for g in j.held}
+        for a in acts:
+            for g in a.gpus:
+                assert owner.get(g, a.job_id) == a.job_id, (g, a, owner)
+                owner[g] = a.job_id
+        assert len({a.job_id for a in acts}) == len(acts)
 
 
 def test_the_epoch_table_covers_every_count_without_inventing_speed_up():
@@ -90,13 +128,3 @@ def test_observed_epoch_times_survive_the_etcd_record():
     r = JobRecord(spec={"job_id": "j", "epochs": 3}, profile={1: 20.0, 2: 10.0}, observed=observe({}, 2, 12.5))
     back = JobRecord.from_json(r.to_json())
     assert back == r and back.observed == {2: [12.5, 1]}
-
-
-def test_a_running_job_shrinks_when_the_plan_gives_its_gpus_to_a_job_it_starts_now():
-    jobs = [running("long", GPUS, remaining=10), waiting("a"), waiting("b")]
-    acts = decide(jobs, GPUS, {"long": 2, "a": 1, "b": 1}, ["long", "a", "b"])
-    assert [(a.job_id, a.kind, len(a.gpus)) for a in acts] == [("long", "resize", 2)]
-    assert len({g[0] for g in acts[0].gpus}) == 1  # it keeps one node's GPUs
-    # no shrink when nobody the plan starts now needs the GPUs, or for a job about to end
-    assert decide([running("long", GPUS, remaining=10), waiting("a")], GPUS, {"long": 2}, ["long", "a"]) == []
-    assert decide([running("long", GPUS, remaining=1), waiting("a")], GPUS, {"long": 2, "a": 2}, ["long", "a"]) == []

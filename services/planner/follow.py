@@ -1,0 +1,114 @@
+"""Following a plan as it really happens: which planned steps may begin now. Pure.
+
+A plan is a list of `Step`s: a job on exactly these GPUs, from the moment its
+job has `after` epochs done (the epochs of its earlier steps and of what it
+already ran), in planned start order. The cluster does not keep the plan's
+clock (jobs end early or late), so steps are taken when what precedes them
+has really happened, as Kubernetes' kubelet follows bindings and AdaptDL's
+jobs follow their allocations:
+
+- each GPU is handed over in the planned order: a step may take a GPU only
+  when no step planned to start earlier on it is still pending, and nobody
+  else holds it;
+- a waiting job starts its next step on its planned GPUs once all of them
+  are its to take (B starts on the GPUs A releases, when A really releases
+  them, early or late);
+- a running job moves to its next step (resize: the executor moves it at its
+  next epoch boundary) once it is in the last epoch before the step and the
+  GPUs it gains are its to take; until then it keeps what it holds.
+
+`follow` returns the moves for now; the planner replans when reality departs
+from the plan (see dispatcher.py), giving the core what runs as committed
+history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+Gpu = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Step:
+    """Job `job_id` on `gpus` from when it has `after` epochs done; `start_s`: planned start (plan seconds)."""
+
+    job_id: str
+    gpus: tuple[Gpu, ...]
+    after: int
+    start_s: float
+    epochs: int
+
+
+@dataclass(frozen=True)
+class Live:
+    """What `follow` needs of one job now: `held` its GPUs (running, or reserved by a directive)."""
+
+    job_id: str
+    waiting: bool  # no attempt runs or is starting
+    moving: bool  # a directive is in flight (starting or resizing): touch nothing of it
+    held: tuple[Gpu, ...]
+    epochs_done: int
+
+
+@dataclass(frozen=True)
+class Move:
+    """Start (a waiting job) or resize (a running one) `job_id` onto exactly `gpus`; `step` is the plan's."""
+
+    job_id: str
+    kind: str  # "start" | "resize"
+    gpus: tuple[Gpu, ...]
+    step: Step
+
+
+def pending(steps: Sequence[Step], live: Mapping[str, Live]) -> dict[str, list[Step]]:
+    """Per job, its steps not yet begun, in order. A step has begun when the job holds its GPUs and
+    has reached it (a running job's steps on the GPUs it holds continue what runs)."""
+    out: dict[str, list[Step]] = {}
+    for s in sorted(steps, key=lambda s: (s.after, s.start_s)):
+        j = live.get(s.job_id)
+        if j is None:
+            continue
+        rest = out.setdefault(s.job_id, [])
+        if not rest and not j.waiting and set(s.gpus) == set(j.held):
+            continue  # what runs now
+        if not rest and j.epochs_done >= s.after + s.epochs:
+            continue  # already done
+        rest.append(s)
+    return {job: rest for job, rest in out.items() if rest}
+
+
+def follow(steps: Sequence[Step], live: Mapping[str, Live], gpus: Sequence[Gpu]) -> list[Move]:
+    """The moves that may happen now (see the module docstring). Never gives one GPU to two jobs."""
+    todo = pending(steps, live)
+    holder: dict[Gpu, str] = {}
+    for j in live.values():
+        for g in j.held:
+            holder[g] = j.job_id
+    # the first pending step on each GPU, in planned order
+    head: dict[Gpu, Step] = {}
+    for rest in todo.values():
+        for s in rest:
+            for g in s.gpus:
+                if g not in head or (s.start_s, s.job_id) < (head[g].start_s, head[g].job_id):
+                    head[g] = s
+    live_gpus = set(gpus)
+    moves: list[Move] = []
+    for job_id, rest in sorted(todo.items(), key=lambda kv: (kv[1][0].start_s, kv[0])):
+        j, s = live[job_id], rest[0]
+        if j.moving or not set(s.gpus) <= live_gpus:
+            continue
+        gained = [g for g in s.gpus if g not in j.held]
+        if any(head.get(g) is not s or holder.get(g, job_id) != job_id for g in gained):
+            continue
+        if j.waiting:
+            kind = "start"
+        elif j.epochs_done + 1 >= s.after:  # in the last epoch before the step: it moves at that boundary
+            kind = "resize"
+        else:
+            continue
+        for g in s.gpus:
+            holder[g] = job_id
+        moves.append(Move(job_id, kind, s.gpus, s))
+    return moves
