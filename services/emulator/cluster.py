@@ -244,9 +244,8 @@ async def drive(cluster: EmulatedCluster, jobs: Sequence[Job], kill_process_at: 
             now = time.time()
             due = [j for j in pending if origin + j.arrival_s / speed <= now]
             pending = pending[len(due):]
-            for i in range(0, len(due), SUBMIT_CHUNK):
-                await stub.SubmitJobs(submission(due[i:i + SUBMIT_CHUNK], cluster.config.gpus_per_node),
-                                      timeout=RPC_DEADLINE_S)
+            await asyncio.gather(*(stub.SubmitJobs(submission(due[i:i + SUBMIT_CHUNK], cluster.config.gpus_per_node),
+                                                   timeout=RPC_DEADLINE_S) for i in range(0, len(due), SUBMIT_CHUNK)))
             records = await state.jobs()
             if kill_process_at is not None and not killed:
                 if sum(r.epochs_done for r in records) >= kill_process_at * total_epochs:

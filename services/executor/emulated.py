@@ -61,18 +61,17 @@ MIN_RENDEZVOUS_S = 10.0
 CHECKPOINT_FORMAT = "emulated-1"
 
 
-def epoch_seconds(job: Job, gpus: int, nodes: int) -> float:
+def epoch_seconds(job: Job, gpus: int, nodes: int, gpus_per_node: int) -> float:
     """The job's true epoch time on `gpus` GPUs over `nodes` nodes.
 
-    A measured placement gives it; an unmeasured spread costs the measured
-    placement of that GPU count with the nearest node count (the wider one
-    at a tie); with no placement rows the profile's time for the count.
+    A measured placement gives it; the profile's time for the count holds on
+    the fewest nodes that fit the GPUs (the CSV's row without `nodes`); an
+    unmeasured spread costs the known placement of that count with the
+    nearest node count (the wider one at a tie).
     """
     placed = {k: t for (g, k), t in job.placement.items() if g == gpus}
-    if placed:
-        nearest = min(placed, key=lambda k: (abs(k - nodes), -k))
-        return placed[nearest]
-    return job.epoch_seconds(gpus)
+    placed.setdefault(-(-gpus // gpus_per_node), job.epoch_seconds(gpus))
+    return placed[min(placed, key=lambda k: (abs(k - nodes), -k))]
 
 
 def noise_factor(seed: int, job_id: str, epoch: int, cv: float) -> float:
@@ -112,9 +111,10 @@ def list_checkpoints(checkpoint_dir: str) -> list[tuple[int, str]]:
 class EmulatedRuntime:
     """supervisor.Runtime of one emulated node."""
 
-    def __init__(self, emulation: Emulation, node_id: str) -> None:
+    def __init__(self, emulation: Emulation, node_id: str, devices: int) -> None:
         self.emulation = emulation
         self.node_id = node_id
+        self.devices = devices  # GPUs of this node (all nodes of an emulation have as many)
 
     def group(self, spec: TrainSpec, attempt: AttemptSpec, ranks: Sequence[int], on_record, stderr_to) -> "EmulatedGroup":
         return EmulatedGroup(self, spec, attempt, ranks, on_record)
@@ -211,7 +211,7 @@ class EmulatedGroup:
                        resumed_from=found[-1][1] if found else "")
         await asyncio.sleep(em.resize_cost_s / em.speed)  # the start's cost: the GPUs are held, nothing trains
         job = em.jobs[self.spec.job_id]
-        true_s = epoch_seconds(job, self.attempt.world_size, nodes)
+        true_s = epoch_seconds(job, self.attempt.world_size, nodes, self.runtime.devices)
         began = time.time()
         for epoch in range(start + 1, self.spec.epochs + 1):
             seconds = true_s * noise_factor(em.seed, self.spec.job_id, epoch, em.noise)
@@ -336,7 +336,8 @@ async def serve(args: argparse.Namespace) -> None:
             node_gpus = [g for g in gpus.cpu_slots(args.gpus_per_node)]
             for g in node_gpus:
                 g.kind = EMULATED_KIND
-            started.append(await server.start(config, runtime=EmulatedRuntime(emulation, node_id), node_gpus=node_gpus))
+            started.append(await server.start(config, runtime=EmulatedRuntime(emulation, node_id, args.gpus_per_node),
+                                        node_gpus=node_gpus))
         print_ready(service="emulated-nodes", nodes={n: r.address for n, (r, _) in zip(args.node_ids, started)},
                     address=started[0][0].address if started else "")
         await stop.wait()
