@@ -160,12 +160,15 @@ class PlannerConfig:
     checkpoint_root: str = ""  # folder every node sees; "" = <tmp>/omru-checkpoints (one machine only)
     start_overhead_s: float = 4.0  # prior of a start's (restart's) cost until one is measured
     time_scale: float = 1.0  # job seconds per wall second: > 1 only for an emulated cluster (omru emulate)
+    leader_ttl_s: int = 5  # the leader's lease: a standby takes over within this and a poll after it dies
 
     def __post_init__(self) -> None:
         check_endpoint("registry address", self.registry)
         check_endpoint("profiler address", self.profiler)
         if not (isinstance(self.start_overhead_s, (int, float)) and 0 <= self.start_overhead_s < 1e6):
             raise ConfigError(f"start_overhead_s {self.start_overhead_s!r} is not in [0, 1e6)")
+        if not isinstance(self.leader_ttl_s, int) or not 1 <= self.leader_ttl_s <= 3600:
+            raise ConfigError(f"leader_ttl_s {self.leader_ttl_s!r} is not in 1..3600")
         if not (isinstance(self.time_scale, (int, float)) and 0 < self.time_scale <= 1e6):
             raise ConfigError(f"time_scale {self.time_scale!r} is not in (0, 1e6]")
 

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 import grpc
 
-from services.common.etcd import EtcdUnavailable
+from services.common.etcd import EtcdUnavailable, Fenced
 
 
 async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
@@ -39,7 +39,7 @@ async def require(context: grpc.aio.ServicerContext, field: str, value: object) 
 
 
 def grpc_errors(method):
-    """Decorate a servicer method: etcd outages become UNAVAILABLE."""
+    """Decorate a servicer method: etcd outages and writes fenced off become UNAVAILABLE."""
     if inspect.isasyncgenfunction(method):
 
         @functools.wraps(method)
@@ -47,7 +47,7 @@ def grpc_errors(method):
             try:
                 async for item in method(self, request, context):
                     yield item
-            except EtcdUnavailable as exc:
+            except (EtcdUnavailable, Fenced) as exc:  # (fenced: another server leads; the client retries there)
                 await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
         return stream
@@ -56,7 +56,7 @@ def grpc_errors(method):
     async def unary(self, request, context):
         try:
             return await method(self, request, context)
-        except EtcdUnavailable as exc:
+        except (EtcdUnavailable, Fenced) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
     return unary

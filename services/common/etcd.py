@@ -8,12 +8,19 @@ relative to the prefix. Every etcd outage surfaces as `EtcdUnavailable`,
 which servicers map to UNAVAILABLE. With a `TlsConfig` etcd is reached over
 TLS (its certificate verified against the CA, the own certificate presented
 when etcd runs with --client-cert-auth).
+
+`Election` is etcd's leader election (its concurrency package): a candidate
+holds a key under its own kept-alive lease. `EtcdStore.fenced` gives a view of
+the store whose every write is conditional on that key still being the one
+its leader created, so a deposed leader (paused, partitioned, lease lapsed)
+cannot write: its writes raise `Fenced`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from dataclasses import dataclass
 from typing import AsyncIterator, Mapping
 
@@ -46,6 +53,10 @@ class EtcdUnavailable(Exception):
 
 class LeaseNotFound(Exception):
     """etcd says the lease does not exist (expired or revoked)."""
+
+
+class Fenced(Exception):
+    """A write of a fenced store refused: its leader no longer holds the fence key."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +139,13 @@ class EtcdStore:
             self._client = aetcd.Client(**options)
         else:
             self._client = _TlsClient(channel_credentials(tls), **options)
+        self._fence: tuple[bytes, int] | None = None  # (key, its create revision) every write requires
+
+    def fenced(self, key: str, create_revision: int) -> "EtcdStore":
+        """This store (same connection), writing only while `key` is the one created at create_revision."""
+        view = copy.copy(self)
+        view._fence = (self._key(key), create_revision)
+        return view
 
     @classmethod
     def from_config(cls, config: EtcdConfig) -> "EtcdStore":
@@ -203,10 +221,9 @@ class EtcdStore:
         return response.header.revision
 
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:
-        """Write the key unconditionally; returns the revision."""
-        with self._errors(f"put {key}"):
-            result = await self._client.put(self._key(key), value, lease=lease or None)
-        return result.header.revision
+        """Write the key unconditionally (but for the fence); returns the revision."""
+        put = rpc.RequestOp(request_put=rpc.PutRequest(key=self._key(key), value=value, lease=lease))
+        return (await self._txn([], [put], [], f"put {key}")).header.revision
 
     async def create(self, items: Mapping[str, bytes], lease: int | Mapping[str, int] = 0) -> TxnResult:
         """Create every key, all or nothing: fails (writing nothing) when any exists.
@@ -253,10 +270,21 @@ class EtcdStore:
         return TxnResult(response.succeeded, response.header.revision)
 
     async def _txn(self, compare, success, failure, what: str):
+        if self._fence is not None:
+            key, revision = self._fence
+            compare = [rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key,
+                                   create_revision=revision), *compare]
+            failure = [*failure, rpc.RequestOp(request_range=rpc.RangeRequest(key=key))]
         request = rpc.TxnRequest(compare=compare, success=success, failure=failure)
         with self._errors(what):
             await self._client.connect()
-            return await self._client.kvstub.Txn(request, timeout=self.timeout)
+            response = await self._client.kvstub.Txn(request, timeout=self.timeout)
+        if self._fence is not None and not response.succeeded:
+            held = response.responses[-1].response_range.kvs
+            if not held or held[0].create_revision != self._fence[1]:
+                raise Fenced(f"{what}: refused, {self._fence[0].decode()} is no longer this leader's")
+            del response.responses[-1]
+        return response
 
     # --- leases ------------------------------------------------------------
 
@@ -391,3 +419,71 @@ def _group(events: list[WatchEvent]) -> list[WatchBatch]:
         else:
             batches.append(WatchBatch(event.revision, (event,)))
     return batches
+
+
+class Election:
+    """Leadership of `key` among candidates (etcd's concurrency.Election).
+
+    `campaign` grants this candidate a lease of ttl_seconds, keeps it alive,
+    and returns once the key holds `identity` under that lease (the key's
+    create revision: the fence of `EtcdStore.fenced`). The leader loses when
+    its lease lapses (`lost` is set) or it resigns (the lease is revoked and
+    the next candidate takes over at once); candidates try again every
+    `poll_seconds`, so a takeover after a leader died comes within the TTL
+    and a poll."""
+
+    def __init__(self, store: EtcdStore, key: str, identity: str, ttl_seconds: int = 5, poll_seconds: float = 0.5):
+        self.store, self.key, self.identity = store, key, identity
+        self.ttl_seconds, self.poll_seconds = ttl_seconds, poll_seconds
+        self.lease = 0
+        self.lost = asyncio.Event()
+        self._keeper: asyncio.Task | None = None
+
+    async def campaign(self) -> int:
+        while True:
+            try:
+                if not self.lease:
+                    self.lost.clear()
+                    self.lease = await self.store.grant_lease(self.ttl_seconds)
+                    self._keeper = asyncio.get_running_loop().create_task(self._keep_alive())
+                result = await self.store.create({self.key: self.identity.encode()}, lease=self.lease)
+                if result.succeeded:
+                    log.info("leader_elected", key=self.key, identity=self.identity, revision=result.revision)
+                    return result.revision
+            except (EtcdUnavailable, LeaseNotFound) as exc:
+                log.warning("campaign_retry", key=self.key, error=str(exc))
+                if isinstance(exc, LeaseNotFound):
+                    await self._drop_lease()
+            await asyncio.sleep(self.poll_seconds)
+
+    async def leader(self) -> str:
+        """Identity of the leader now ("" when none)."""
+        kv = await self.store.get(self.key)
+        return kv.value.decode() if kv is not None else ""
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_seconds / 3)
+            try:
+                left = await self.store.refresh_lease(self.lease)
+            except EtcdUnavailable:
+                continue  # etcd away: the lease may still hold; the fence decides
+            except LeaseNotFound:
+                left = 0
+            if left <= 0:
+                log.warning("leader_lease_lost", key=self.key, identity=self.identity)
+                self.lost.set()
+                return
+
+    async def _drop_lease(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+        self.lease, self._keeper = 0, None
+
+    async def resign(self) -> None:
+        """Give up (the lease is revoked: the key goes, another candidate takes over)."""
+        lease = self.lease
+        await self._drop_lease()
+        if lease:
+            with contextlib.suppress(Exception):
+                await self.store.revoke_lease(lease)

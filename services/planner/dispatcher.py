@@ -40,6 +40,7 @@ import time
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+from services.common.etcd import Fenced
 from services.common.logging import get_logger
 from services.planner import state as st
 from services.planner.follow import Live, Move, Step, follow
@@ -151,6 +152,8 @@ class Dispatcher:
         self._steps_of: dict[str, list[Step]] = {}
         self._tau: dict[str, dict[int, float]] = {}  # the epoch times the plan assumed, by job and GPU count
         self._deviated: set[str] = set()  # jobs that made the planner replan since the last plan
+        self.deposed = asyncio.Event()  # a write was fenced off: another planner leads now
+        self.standby_of = None  # the Election this planner campaigns in (None: it was started directly)
         self.plan_version = 0
         self.policy_in_force = self.default_policy
 
@@ -174,6 +177,18 @@ class Dispatcher:
                 await t
         for ch in self._channels.values():
             await ch.close()
+
+    @property
+    def leading(self) -> bool:
+        """True once started (elected): only then does this planner write."""
+        return bool(self._tasks)
+
+    def _broken(self, event: str, exc: Exception, **fields) -> None:
+        """Log a failure of a loop that retries; a fenced write means this planner was deposed."""
+        if isinstance(exc, Fenced):
+            log.error("deposed", error=str(exc))
+            self.deposed.set()
+        log.warning(event, error=str(exc), **fields)
 
     def poke(self) -> None:
         """Ask for a reconcile soon."""
@@ -226,7 +241,11 @@ class Dispatcher:
 
     async def submit(self, records: list[JobRecord]) -> tuple[bool, list[str]]:
         """Store new jobs (all or nothing); (created, ids that existed)."""
-        created, existing = await self.state.create_jobs(records)
+        try:
+            created, existing = await self.state.create_jobs(records)
+        except Fenced:
+            self.deposed.set()
+            raise
         if created:
             await self.state.set_origin(min(r.submitted_s for r in records))
             for r in await asyncio.gather(*(self.state.job(x.job_id) for x in records)):
@@ -333,7 +352,7 @@ class Dispatcher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("executor_watch_broken", node=node_id, error=str(exc))
+                self._broken("executor_watch_broken", exc, node_id=node_id)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
@@ -422,7 +441,7 @@ class Dispatcher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.exception("reconcile_failed", error=str(exc))
+                self._broken("reconcile_failed", exc)
                 await asyncio.sleep(0.5)
 
     def _follow_soon(self) -> None:
@@ -440,7 +459,7 @@ class Dispatcher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.exception("follow_failed", error=str(exc))
+                self._broken("follow_failed", exc)
                 await asyncio.sleep(0.5)
 
     async def reconcile(self) -> None:

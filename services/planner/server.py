@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
 
 from omru.v1 import planner_pb2, planner_pb2_grpc
 from services.common import config as cfg
+from services.common.logging import get_logger
 from services.common.server import RunningServer, Service, run_main, serve_forever, service_name, start_server
 from services.planner.servicer import PlannerServicer
+
+log = get_logger(__name__)
 
 
 async def start(config: cfg.PlannerConfig, servicer=None) -> RunningServer:
     """Start the planner on config.server (default port 50051; 0 = any).
 
     Unless a servicer is given, the PlannerService runs a Dispatcher over the
-    planner's state in etcd, talking to the registry and the profiler;
-    stopping the server stops the dispatcher, then closes etcd."""
-    hooks = []
+    planner's state in etcd, talking to the registry and the profiler, once
+    this planner is elected leader (`lead`); until then it is on standby
+    (reads are served, writes refused). Stopping the server stops the
+    dispatcher, resigns, then closes etcd."""
     dispatcher = None
     if servicer is None:
         from services.common.etcd import EtcdStore
@@ -30,18 +39,41 @@ async def start(config: cfg.PlannerConfig, servicer=None) -> RunningServer:
                                 checkpoint_root=config.checkpoint_root, start_overhead_s=config.start_overhead_s,
                                 time_scale=config.time_scale)
         servicer = PlannerServicer(dispatcher)
-        hooks = [dispatcher.stop, etcd.close]
     service = Service(planner_pb2_grpc.add_PlannerServiceServicer_to_server, servicer, service_name(planner_pb2, "PlannerService"))
+    running = await start_server(config.server, [service])
     if dispatcher is not None:
-        await dispatcher.start()  # (it knows the stored jobs before the first request comes)
-    try:
-        running = await start_server(config.server, [service])
-    except BaseException:
-        for hook in hooks:
-            await hook()
-        raise
-    running.on_stop.extend(hooks)
+        task = asyncio.get_running_loop().create_task(lead(etcd, dispatcher, config, running.port))
+        running.on_stop.extend([lambda: _cancel(task), dispatcher.stop, etcd.close])
     return running
+
+
+async def lead(etcd, dispatcher, config: cfg.PlannerConfig, port: int) -> None:
+    """Campaign for the planner's leader key; once elected, run the dispatcher with every write fenced
+    by the key; when the lease lapses or a write is fenced off, stop the process (its supervisor
+    restarts it, and it campaigns again), as Kubernetes' schedulers do."""
+    from services.common.etcd import Election
+    from services.planner.state import LEADER, PlannerState
+
+    election = Election(etcd, LEADER, f"{socket.gethostname()}:{port} pid {os.getpid()}", config.leader_ttl_s)
+    dispatcher.standby_of = election
+    try:
+        revision = await election.campaign()
+        dispatcher.state = PlannerState(etcd.fenced(LEADER, revision))
+        await dispatcher.start()
+        lost, deposed = asyncio.ensure_future(election.lost.wait()), asyncio.ensure_future(dispatcher.deposed.wait())
+        await asyncio.wait({lost, deposed}, return_when=asyncio.FIRST_COMPLETED)
+        for t in (lost, deposed):
+            t.cancel()
+        log.error("leadership_lost", identity=election.identity)
+        os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        await election.resign()
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
 
 
 async def serve(config: cfg.PlannerConfig) -> None:
@@ -60,6 +92,9 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
                         help="folder for the jobs' checkpoints that every node sees (default: <tmp>/omru-checkpoints)")
     parser.add_argument("--start-overhead", type=float, default=4.0,
                         help="seconds a job's start or restart is assumed to cost until one is measured (default 4)")
+    parser.add_argument("--leader-ttl", type=int, default=5,
+                        help="seconds of the leader lease: a standby planner takes over this long after the leader "
+                             "dies (default 5)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="job seconds per wall second (only for an emulated cluster; default 1)")
     args = parser.parse_args(argv)
@@ -72,6 +107,7 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
         checkpoint_root=args.checkpoint_root,
         start_overhead_s=args.start_overhead,
         time_scale=args.time_scale,
+        leader_ttl_s=args.leader_ttl,
     )
 
 

@@ -22,10 +22,19 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
     def __init__(self, dispatcher: Dispatcher) -> None:
         self.dispatcher = dispatcher
 
+    async def _leading(self, context) -> None:
+        """UNAVAILABLE (retry elsewhere) unless this planner leads: only the leader writes."""
+        if not self.dispatcher.leading:
+            election = self.dispatcher.standby_of
+            leader = await election.leader() if election is not None else ""
+            await abort(context, grpc.StatusCode.UNAVAILABLE,
+                        f"this planner is on standby; the leader is {leader or 'being elected'}")
+
     @grpc_errors
     async def SubmitJobs(self, request, context):
         from services.planner.core import registry
 
+        await self._leading(context)
         if request.policy and request.policy not in registry.names():
             await abort_invalid(context, "policy", f"unknown policy {request.policy!r}; known: {', '.join(registry.names())}")
         if not request.jobs:
@@ -92,6 +101,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
     async def CancelJob(self, request, context):
         if not request.job_id:
             await abort_invalid(context, "job_id", "is required")
+        await self._leading(context)
         r = await self.dispatcher.cancel(request.job_id)
         if r is None:
             await abort_not_found(context, "job_id", request.job_id)

@@ -9,6 +9,8 @@ Keys (under the store's prefix, JSON values):
     planner/events/<node>/<gen>/<seq>  every executor event seen (report, replay)
     planner/cursors/<node>             {"gen": g, "seq": s}: last event stored per node;
                                        gen grows when the executor restarted (its log restarts at 1)
+    planner/leader                     the leading planner's identity, under its lease; the leader's
+                                       writes all require it (EtcdStore.fenced)
 
 Job records are written with compare-and-swap on their mod revision, so two
 writers never silently overwrite each other; `update_job` retries on a race.
@@ -23,8 +25,9 @@ from typing import Callable
 from services.common.etcd import EtcdStore
 from services.planner.report import Event
 
-JOBS, PLAN, FIRST_PLAN, ORIGIN, EVENTS, CURSORS = (
-    "planner/jobs/", "planner/plan", "planner/first_plan", "planner/origin", "planner/events/", "planner/cursors/")
+JOBS, PLAN, FIRST_PLAN, ORIGIN, EVENTS, CURSORS, LEADER = (
+    "planner/jobs/", "planner/plan", "planner/first_plan", "planner/origin", "planner/events/", "planner/cursors/",
+    "planner/leader")
 
 #: omru.v1.JobState names without the prefix; terminal ones never change again.
 PENDING, PROFILING, WAITING, STARTING, RUNNING, RESIZING, FINISHED, FAILED, CANCELLED = (

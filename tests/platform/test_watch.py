@@ -105,14 +105,3 @@ async def test_a_watch_is_connected_before_anything_changes(registry_stub):
     assert [e.node.node_id for e in reply.events] == ["node-c"] and reply.revision == node.node.revision
     call.cancel()
 
-
-async def test_a_list_of_more_keys_than_one_reply_may_carry_returns_every_key_at_one_revision(etcd_store):
-    from services.common import etcd
-
-    value = b"x" * 40_000  # 300 of them are 12 MB: three times gRPC's default reply limit
-    for i in range(0, 300, 25):  # (etcd takes requests up to 1.5 MB)
-        assert (await etcd_store.create({f"big/{j:04d}": value for j in range(i, i + 25)})).succeeded
-    kvs, revision = await etcd_store.list("big/")
-    assert [kv.key for kv in kvs] == [f"big/{j:04d}" for j in range(300)]
-    assert len(kvs) > etcd.LIST_PAGE and all(kv.value == value for kv in kvs)
-    assert revision == await etcd_store.revision()

@@ -1,0 +1,80 @@
+"""Two planners on one etcd: one leads and writes, the other waits on standby and takes over."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from omru.v1 import planner_pb2, planner_pb2_grpc
+from services.common.channels import open_channel
+from tests.planner_service.planner_helpers import spec
+
+TTL = 2
+
+
+async def submit(stub, job_id: str):
+    return await stub.SubmitJobs(planner_pb2.SubmitJobsRequest(jobs=[spec(job_id)], profiles=[
+        planner_pb2.JobProfile(job_id=job_id, epoch_seconds={1: 3.0})]), timeout=5)
+
+
+async def until_accepted(stub, job_id: str, within: float) -> float:
+    """Seconds until the planner accepted a submission (it leads)."""
+    began = time.monotonic()
+    while True:
+        try:
+            await submit(stub, job_id)
+            return time.monotonic() - began
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc.details()
+            if time.monotonic() - began > within:
+                raise
+        await asyncio.sleep(0.1)
+
+
+async def test_only_the_leading_planner_writes_and_a_standby_takes_over_within_the_lease(etcd, registry, etcd_store,
+                                                                                          start_service):
+    args = ("--port", "0", "--etcd", etcd.endpoint, "--registry", registry.address, "--profiler", "127.0.0.1:1",
+            "--leader-ttl", str(TTL))
+    first = await start_service("planner", *args)
+    a = planner_pb2_grpc.PlannerServiceStub(open_channel(first.address))
+    await until_accepted(a, "one", within=10)
+    second = await start_service("planner", *args)
+    b = planner_pb2_grpc.PlannerServiceStub(open_channel(second.address))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await submit(b, "two")
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert f":{first.address.rpartition(':')[2]} pid {first.proc.pid}" in err.value.details()
+    assert "standby" in err.value.details()
+    first.kill()  # no resignation: its lease has to lapse
+    assert await until_accepted(b, "two", within=TTL + 5) < TTL + 2
+    kvs, _ = await etcd_store.list("planner/jobs/")
+    assert [kv.key for kv in kvs] == ["planner/jobs/one", "planner/jobs/two"]
+    assert (await etcd_store.get("planner/leader")).value.decode().endswith(f"pid {second.proc.pid}")
+
+
+async def test_a_leader_paused_past_its_lease_is_deposed_and_steps_down_when_it_resumes(etcd, registry,
+                                                                                         start_service):
+    import os
+    import signal
+
+    args = ("--port", "0", "--etcd", etcd.endpoint, "--registry", registry.address, "--profiler", "127.0.0.1:1",
+            "--leader-ttl", str(TTL))
+    first = await start_service("planner", *args)
+    a = planner_pb2_grpc.PlannerServiceStub(open_channel(first.address))
+    await until_accepted(a, "one", within=10)
+    second = await start_service("planner", *args)
+    b = planner_pb2_grpc.PlannerServiceStub(open_channel(second.address))
+    os.kill(first.proc.pid, signal.SIGSTOP)
+    try:
+        await until_accepted(b, "two", within=TTL + 5)
+    finally:
+        os.kill(first.proc.pid, signal.SIGCONT)
+    # it notices its lease is gone and stops; until then whatever it writes is fenced off
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await submit(a, "three")
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    await asyncio.wait_for(asyncio.to_thread(first.proc.wait), TTL + 5)
+    await submit(b, "three")
