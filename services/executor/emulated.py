@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from services.executor.worker import checkpoint
 from services.executor.worker.launch import LaunchResult
 from services.executor.worker.spec import AttemptSpec, TrainSpec
 from services.planner.core.model import Job
@@ -102,12 +103,6 @@ class Emulation:
             raise ValueError(f"resize cost {self.resize_cost_s!r} must be >= 0")
 
 
-def list_checkpoints(checkpoint_dir: str) -> list[tuple[int, str]]:
-    from services.executor.worker import checkpoint
-
-    return checkpoint.list_checkpoints(checkpoint_dir)
-
-
 class EmulatedRuntime:
     """supervisor.Runtime of one emulated node."""
 
@@ -120,7 +115,7 @@ class EmulatedRuntime:
         return EmulatedGroup(self, spec, attempt, ranks, on_record)
 
     def checkpoint_problem(self, spec: TrainSpec, checkpoint_dir: str) -> str:
-        found = list_checkpoints(checkpoint_dir)
+        found = checkpoint.list_checkpoints(checkpoint_dir)
         if not found:
             return ""
         try:
@@ -202,7 +197,7 @@ class EmulatedGroup:
 
     async def _lead(self, nodes: int, peers: list[Path]) -> str:
         em = self.runtime.emulation
-        found = list_checkpoints(self.attempt.checkpoint_dir)
+        found = checkpoint.list_checkpoints(self.attempt.checkpoint_dir)
         start = found[-1][0] if found else 0
         lr = self.spec.base_lr * self.attempt.world_size * self.spec.batch_size / self.spec.base_batch
         for rank in self.ranks:
@@ -288,13 +283,11 @@ class EmulatedGroup:
                 raise RuntimeError(f"the ranks on {f.name.removeprefix('node-')} stopped answering {age:.1f} s ago")
 
     def _checkpoint(self, epoch: int) -> None:
-        from services.executor.worker import checkpoint
-
         folder = self.attempt.checkpoint_dir
         _write(Path(checkpoint.path_for(folder, epoch)), json.dumps(
             {"format": CHECKPOINT_FORMAT, "job_id": self.spec.job_id, "epoch": epoch,
              "world_size": self.attempt.world_size}))
-        for _, old in list_checkpoints(folder)[:-checkpoint.KEEP]:
+        for _, old in checkpoint.list_checkpoints(folder)[:-checkpoint.KEEP]:
             with contextlib.suppress(OSError):
                 os.unlink(old)
 

@@ -109,3 +109,18 @@ def test_a_csv_the_simulator_refuses_is_refused_the_same_way(tmp_path, capsys):
     assert "line 3" in err and "epoch_seconds" in err
     assert main(["simulate", "--profiles", str(path), "--gpus", "2", "--policy", "omru"]) == 2
     assert capsys.readouterr().err == err.replace("emulate", "simulate")
+
+
+def test_an_emulated_epoch_takes_the_time_of_its_placement():
+    from services.executor.emulated import epoch_seconds, noise_factor
+
+    job = Job("j", 3, {1: 400.0, 4: 100.0}, placement={(4, 2): 300.0, (4, 3): 250.0})
+    assert epoch_seconds(job, 4, 1, gpus_per_node=4) == 100.0  # packed: the profile's row
+    assert epoch_seconds(job, 4, 2, gpus_per_node=4) == 300.0  # measured spread
+    assert epoch_seconds(job, 4, 4, gpus_per_node=4) == 250.0  # wider than measured: the widest known
+    factors = [noise_factor(7, "j", e, 0.1) for e in range(4000)]
+    mean = sum(factors) / len(factors)
+    cv = (sum((f - mean) ** 2 for f in factors) / len(factors)) ** 0.5 / mean
+    assert abs(mean - 1) < 0.01 and abs(cv - 0.1) < 0.01
+    assert noise_factor(7, "j", 5, 0.1) == factors[5] and noise_factor(8, "j", 5, 0.1) != factors[5]
+    assert noise_factor(7, "j", 5, 0.0) == 1.0
