@@ -42,6 +42,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+#: Writes etcd takes in one transaction (its default, 128, is less than a wide job's GPU claims).
+ETCD_MAX_TXN_OPS = 4096
 #: Environment flag: a service child asks the kernel for SIGTERM when its parent dies.
 DIE_WITH_PARENT_ENV = "OMRU_DIE_WITH_PARENT"
 
@@ -135,6 +137,7 @@ class EtcdProcess:
                         "--listen-client-urls", client, "--advertise-client-urls", client,
                         "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                         "--initial-cluster", f"omru={peer}", "--log-level", "warn", "--logger", "zap",
+                        "--max-txn-ops", str(ETCD_MAX_TXN_OPS),
                     ],
                     stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True,
                 )

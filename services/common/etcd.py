@@ -236,7 +236,8 @@ class EtcdStore:
         compare = [rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=self._key(k), create_revision=0) for k in keys]
         success = [rpc.RequestOp(request_put=rpc.PutRequest(key=self._key(k), value=items[k], lease=leases.get(k, 0))) for k in keys]
         failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=self._key(k))) for k in keys]
-        response = await self._txn(compare, success, failure, f"create {keys}")
+        response = await self._txn(compare, success, failure,
+                                   f"create {keys[0]}" + (f" and {len(keys) - 1} more keys" if len(keys) > 1 else ""))
         if response.succeeded:
             return TxnResult(True, response.header.revision)
         existing = tuple(self._kv(kv) for op in response.responses for kv in op.response_range.kvs)

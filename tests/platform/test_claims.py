@@ -72,3 +72,12 @@ async def test_claims_vanish_with_their_node(registry_stub):
     await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="a", gpus=[gpu("node-a", 0)]))
     await registry_stub.DeregisterNode(registry_pb2.DeregisterNodeRequest(node_id="node-a"))
     assert not (await registry_stub.ListClaims(registry_pb2.ListClaimsRequest())).claims
+
+
+async def test_a_job_claims_the_gpus_of_a_big_cluster_in_one_call(registry_stub):
+    # 256 GPUs: twice as many writes as etcd's default transaction allows (128)
+    for n in range(8):
+        await registry_stub.RegisterNode(register_request(f"node-{n}", slots=32, port=4000 + n))
+    wanted = [gpu(f"node-{n}", i) for n in range(8) for i in range(32)]
+    reply = await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="wide", gpus=wanted), timeout=10)
+    assert len(reply.claims) == 256 and {c.job_id for c in reply.claims} == {"wide"}
