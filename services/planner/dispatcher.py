@@ -170,6 +170,7 @@ class Dispatcher:
         self.poke()
 
     async def stop(self) -> None:
+        """Stop acting (it may start again, as after a new election)."""
         for t in [*self._tasks, *self._followers.values()]:
             t.cancel()
         for t in [*self._tasks, *self._followers.values()]:
@@ -177,6 +178,9 @@ class Dispatcher:
                 await t
         for ch in self._channels.values():
             await ch.close()
+        self._tasks, self._followers, self._channels, self.nodes = [], {}, {}, {}
+        self.steps, self._steps_of = [], {}
+        self.deposed.clear()
 
     @property
     def leading(self) -> bool:
@@ -232,7 +236,8 @@ class Dispatcher:
     async def _update(self, job_id: str, change) -> JobRecord | None:
         r = await self.state.update_job(job_id, change)
         if r is not None:
-            self.records[job_id] = r
+            if r.revision >= getattr(self.records.get(job_id), "revision", 0):  # never an older version
+                self.records[job_id] = r
             for q in list(self._job_watchers):
                 q.put_nowait(r)
         return r

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import socket
 
 from omru.v1 import planner_pb2, planner_pb2_grpc
@@ -49,23 +48,25 @@ async def start(config: cfg.PlannerConfig, servicer=None) -> RunningServer:
 
 async def lead(etcd, dispatcher, config: cfg.PlannerConfig, port: int) -> None:
     """Campaign for the planner's leader key; once elected, run the dispatcher with every write fenced
-    by the key; when the lease lapses or a write is fenced off, stop the process (its supervisor
-    restarts it, and it campaigns again), as Kubernetes' schedulers do."""
+    by the key; when the lease lapses or a write is fenced off, stop acting and campaign again."""
     from services.common.etcd import Election
     from services.planner.state import LEADER, PlannerState
 
     election = Election(etcd, LEADER, f"{socket.gethostname()}:{port} pid {os.getpid()}", config.leader_ttl_s)
     dispatcher.standby_of = election
     try:
-        revision = await election.campaign()
-        dispatcher.state = PlannerState(etcd.fenced(LEADER, revision))
-        await dispatcher.start()
-        lost, deposed = asyncio.ensure_future(election.lost.wait()), asyncio.ensure_future(dispatcher.deposed.wait())
-        await asyncio.wait({lost, deposed}, return_when=asyncio.FIRST_COMPLETED)
-        for t in (lost, deposed):
-            t.cancel()
-        log.error("leadership_lost", identity=election.identity)
-        os.kill(os.getpid(), signal.SIGTERM)
+        while True:
+            revision = await election.campaign()
+            dispatcher.state = PlannerState(etcd.fenced(LEADER, revision))
+            await dispatcher.start()
+            lost = asyncio.ensure_future(election.lost.wait())
+            deposed = asyncio.ensure_future(dispatcher.deposed.wait())
+            await asyncio.wait({lost, deposed}, return_when=asyncio.FIRST_COMPLETED)
+            for t in (lost, deposed):
+                t.cancel()
+            log.error("leadership_lost", identity=election.identity)
+            await dispatcher.stop()
+            await election.resign()
     finally:
         await election.resign()
 
