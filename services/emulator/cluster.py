@@ -103,6 +103,7 @@ class EmulatedCluster:
 
     config: EmulationConfig
     work_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="omru-emulate-")))
+    keep: bool = False  # keep work_dir (logs, etcd data, checkpoints) after the run
     control: LocalCluster | None = None
     node_processes: list[ServiceProcess] = field(default_factory=list)
 
@@ -171,12 +172,12 @@ class EmulatedCluster:
                         pass
         return out
 
-    def stop(self, keep: bool = False) -> None:
+    def stop(self) -> None:
         for s in self.node_processes:
             s.stop()
         if self.control is not None:
             self.control.stop(keep_logs=True)
-        if not keep:
+        if not self.keep:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def __enter__(self) -> "EmulatedCluster":

@@ -33,6 +33,16 @@ log = get_logger(__name__)
 REGISTRY_DEADLINE_S = 5.0
 
 
+#: The word a FAILED event's message has after the directive's id when the directive was refused
+#: (nothing ran: the planner puts the job back rather than failing it).
+REFUSED = "refused"
+
+
+def is_refusal(message: str) -> bool:
+    """True for the message of a FAILED event that reports a refused directive."""
+    return message.startswith("directive '") and f"' {REFUSED}: " in message
+
+
 class RegistryUnavailable(RuntimeError):
     """The registry did not answer; the directive can be retried."""
 
@@ -189,4 +199,4 @@ class DirectiveSubscription:
         except (DirectiveError, ConflictError, RegistryUnavailable) as exc:
             log.warning("directive_refused", directive_id=d.directive_id, job_id=d.job.job_id, error=str(exc))
             self.supervisor.events.append(d.job.job_id, EventKind.FAILED, attempt_id=d.attempt_id,
-                                          message=f"directive {d.directive_id!r} refused: {exc}")
+                                          message=f"directive {d.directive_id!r} {REFUSED}: {exc}")

@@ -42,8 +42,9 @@ from typing import Mapping, Sequence
 
 from services.common.etcd import Fenced
 from services.common.logging import get_logger
+from services.executor.servicer import is_refusal
 from services.planner import state as st
-from services.planner.follow import Live, Move, Step, follow
+from services.planner.follow import Live, Move, Step, follow, late
 from services.planner.report import Event
 from services.planner.state import JobRecord, PlannerState
 
@@ -53,12 +54,17 @@ Gpu = tuple[str, int]
 
 #: Plans whose makespans differ by less than this share count as equal (see policies/omru.py).
 MAKESPAN_TOLERANCE = 0.02
-#: Seconds a replan waits for more changes to come with the one that asked for it.
+#: A replan waits until no change came for this many seconds (a big submission comes in several calls),
+#: but no longer than REPLAN_QUIET_MAX_S.
 REPLAN_QUIET_S = 0.2
+REPLAN_QUIET_MAX_S = 2.0
 #: Seconds between passes over the plan when no event asks for one.
 FOLLOW_EVERY_S = 5.0
 #: Seconds before a refused claim is tried again.
 CLAIM_RETRY_S = 0.2
+#: A step that should have begun this share of the plan's makespan ago, while a GPU it needs idles,
+#: makes the planner replan.
+REPLAN_LATE = 0.05
 #: A job whose mean epoch time departs from the plan's by more than this share makes the planner replan.
 REPLAN_DEVIATION = 0.10
 
@@ -152,6 +158,9 @@ class Dispatcher:
         self._steps_of: dict[str, list[Step]] = {}
         self._tau: dict[str, dict[int, float]] = {}  # the epoch times the plan assumed, by job and GPU count
         self._deviated: set[str] = set()  # jobs that made the planner replan since the last plan
+        self._after_release: dict[str, tuple] = {}  # job -> (directive, nodes, old GPUs not yet released)
+        self._plan_origin = 0.0  # when the plan in force starts (Unix seconds)
+        self._plan_makespan = 0.0  # its makespan (plan seconds)
         self.deposed = asyncio.Event()  # a write was fenced off: another planner leads now
         self.standby_of = None  # the Election this planner campaigns in (None: it was started directly)
         self.plan_version = 0
@@ -325,13 +334,18 @@ class Dispatcher:
             t.cancel()
         log.warning("node_lost", node=node_id)
         for r in list(self.records.values()):
-            if r.terminal or not any(g[0] == node_id for g in r.gpus + r.target):
-                continue
-            await self._send_stop(r, [g for g in r.gpus + r.target if g[0] != node_id], reason=f"node {node_id} lost")
-            await self._release(r.job_id)
-            await self._update(r.job_id, lambda c: None if c.terminal else replace(
-                c, state=st.WAITING, gpus=(), target=(), world_size=0, attempt=c.attempt + 1,
-                message=f"node {node_id} lost; resumes from its last checkpoint"))
+            if not r.terminal and any(g[0] == node_id for g in r.gpus + r.target):
+                await self._requeue(r, f"node {node_id} lost")
+
+    async def _requeue(self, r: JobRecord, why: str) -> None:
+        """Stop the job's attempt wherever it runs, give its GPUs back, and let it wait for the next plan
+        (it resumes from its last checkpoint)."""
+        self._after_release.pop(r.job_id, None)
+        await self._send_stop(r, [g for g in r.gpus + r.target if g[0] in self.nodes], reason=why)
+        await self._release(r.job_id)
+        await self._update(r.job_id, lambda c: None if c.terminal else replace(
+            c, state=st.WAITING, gpus=(), target=(), world_size=0, attempt=c.attempt + 1,
+            message=f"{why}; resumes from its last checkpoint"))
         self.poke()
 
     async def _follow_node(self, node_id: str) -> None:
@@ -396,7 +410,15 @@ class Dispatcher:
             mine = [g for g in e.gpus if g[0] == e.node_id and g not in keep]
             if mine or r.terminal:
                 await self._release(r.job_id, mine if not r.terminal else ())
+            waiting = self._after_release.get(r.job_id)
+            if waiting is not None:  # (released by the old attempt: the event names that one)
+                waiting[2].difference_update(e.gpus)
+                if not waiting[2]:  # the old attempt is gone everywhere: the new one may start
+                    del self._after_release[r.job_id]
+                    await self._send(r, waiting[0], waiting[1])
             self._follow_soon()
+        elif e.kind == "failed" and current and not r.terminal and is_refusal(e.message):
+            await self._requeue(r, f"{e.node_id} refused it ({e.message})")
         elif e.kind == "failed" and current and not r.terminal:
             await self._send_stop(r, r.gpus + r.target, reason="a rank failed")
             await self._update(r.job_id, lambda c: None if c.terminal or c.attempt_id != e.attempt_id else replace(
@@ -439,7 +461,10 @@ class Dispatcher:
     async def _replan_loop(self) -> None:
         while True:
             await self._dirty.wait()
-            await asyncio.sleep(REPLAN_QUIET_S)  # a burst of changes (a big submission) makes one plan
+            quiet_until = time.monotonic() + REPLAN_QUIET_MAX_S
+            while self._dirty.is_set() and time.monotonic() < quiet_until:  # a burst of changes makes one plan
+                self._dirty.clear()
+                await asyncio.sleep(REPLAN_QUIET_S)
             self._dirty.clear()
             try:
                 await self.reconcile()
@@ -485,6 +510,7 @@ class Dispatcher:
                 return
             problem, base, tables = self._problem(records, gpus)
             attempts = {r.job_id: r.attempt for r in records}
+            origin = time.time()
         plan = await self._plan(problem, base, gpus) if problem is not None else None
         async with self._lock:
             if plan is not None:
@@ -497,6 +523,7 @@ class Dispatcher:
                     self._steps_of.setdefault(step.job_id, []).append(step)
                 self._tau = tables
                 self._deviated = set()
+                self._plan_origin, self._plan_makespan = origin, plan["makespan_s"]
                 self.plan_version += 1
                 plan["record"]["version"] = self.plan_version
                 # the batch's first plan is the first one that covers every job (none still profiling)
@@ -522,6 +549,13 @@ class Dispatcher:
         await asyncio.gather(*(self._act(m) for m in moves))
         if not moves and live and all(j.waiting for j in live.values()) and gpus:
             self.poke()  # nothing runs and nothing planned can start: the plan is spent or stale
+        elif self.steps and not self._dirty.is_set():
+            now = (time.time() - self._plan_origin) * self.time_scale
+            behind = late(self.steps, live, now, REPLAN_LATE * self._plan_makespan)
+            if behind:
+                log.info("replan_on_lateness", job_id=behind[0].job_id, planned_s=round(behind[0].start_s, 1),
+                         now_s=round(now, 1), steps=len(behind))
+                self.poke()
 
     def _problem(self, records: list[JobRecord], gpus: list[Gpu]):
         """(PlanningInput with the running jobs' current epochs as committed history, epochs done before
@@ -598,7 +632,7 @@ class Dispatcher:
             "segments": [{"job": s.job, "start_s": s.start_s + seconds, "end_s": s.end_s + seconds,
                           "gpus": [list(gpus[i]) for i in s.gpus], "epochs": s.epochs} for s in result.segments],
         }
-        return {"steps": steps, "record": record}
+        return {"steps": steps, "record": record, "makespan_s": result.makespan_s}
 
     async def _profile(self, r: JobRecord, max_gpus: int) -> None:
         """Ask the profiler for the job's epoch times; the job waits (or fails, saying why)."""
@@ -670,19 +704,32 @@ class Dispatcher:
         kind = executor_pb2.DIRECTIVE_KIND_START if a.kind == "start" else executor_pb2.DIRECTIVE_KIND_RESIZE
         d = convert.directive(kind, r, a.gpus, f"{host}:0", await self._checkpoint_dir(r.job_id),
                               f"{r.attempt_id}-{a.kind}")
-        nodes = list(dict.fromkeys([g[0] for g in a.gpus] + [g[0] for g in old]))
         log.info("dispatch", job_id=r.job_id, kind=a.kind, gpus=a.gpus, attempt=r.attempt_id)
-        await asyncio.gather(*(self._deliver(node_id, d) for node_id in nodes))
+        old_nodes, new_nodes = list(dict.fromkeys(g[0] for g in old)), list(dict.fromkeys(g[0] for g in a.gpus))
+        if a.kind == "resize" and not set(old_nodes) & set(new_nodes):
+            # No rank of the new attempt would wait for the old one to stop: the new nodes get the
+            # directive once the old attempt released its GPUs (else both would train an epoch).
+            self._after_release[r.job_id] = (d, new_nodes, set(old))
+            await self._send(r, d, old_nodes)
+        else:
+            await self._send(r, d, list(dict.fromkeys(new_nodes + old_nodes)))
 
-    async def _deliver(self, node_id: str, d) -> None:
+    async def _send(self, r: JobRecord, d, nodes: Sequence[str]) -> None:
+        """Deliver the directive to the nodes; a refusal puts the job back to wait for the next plan."""
+        refusals = [x for x in await asyncio.gather(*(self._deliver(node_id, d) for node_id in nodes)) if x]
+        if refusals:
+            await self._requeue(self.records.get(r.job_id, r), f"a node refused it ({refusals[0]})")
+
+    async def _deliver(self, node_id: str, d) -> str:
+        """Send the directive (stream and call); the refusal's message when the executor refused it."""
+        import grpc
+
         from omru.v1 import executor_pb2
 
         for q in list(self._directive_watchers.get(node_id, ())):
             q.put_nowait(d)
         if node_id not in self.nodes:
-            return
-        import grpc
-
+            return ""
         stub = self._executor(node_id)
         try:
             if d.kind == executor_pb2.DIRECTIVE_KIND_START:
@@ -701,8 +748,14 @@ class Dispatcher:
                 await stub.ResizeJob(executor_pb2.ResizeJobRequest(directive=d), timeout=10)
             else:
                 await stub.StopJob(executor_pb2.StopJobRequest(directive=d), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("directive_failed", node_id=node_id, job_id=d.job.job_id, error=(exc.details() or "")[:300])
+            if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT) and \
+                    d.kind != executor_pb2.DIRECTIVE_KIND_STOP:
+                return f"{node_id}: {exc.details()}"
         except Exception as exc:
-            log.warning("directive_failed", node=node_id, job=d.job.job_id, error=str(exc))
+            log.warning("directive_failed", node_id=node_id, job_id=d.job.job_id, error=str(exc))
+        return ""
 
     async def _checkpoint_dir(self, job_id: str) -> str:
         """<root>/<batch>/<job>: the batch is its origin in ms, so a later batch never resumes an old checkpoint."""
@@ -715,8 +768,7 @@ class Dispatcher:
 
         d = convert.directive(executor_pb2.DIRECTIVE_KIND_STOP, r, r.target or r.gpus, "", await self._checkpoint_dir(r.job_id),
                               f"{r.attempt_id}-stop")
-        for node_id in dict.fromkeys(g[0] for g in gpus):
-            await self._deliver(node_id, d)
+        await asyncio.gather(*(self._deliver(node_id, d) for node_id in dict.fromkeys(g[0] for g in gpus)))
 
 
 def default_policy() -> str:

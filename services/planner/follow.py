@@ -17,9 +17,9 @@ jobs follow their allocations:
   next epoch boundary) once it is in the last epoch before the step and the
   GPUs it gains are its to take; until then it keeps what it holds.
 
-`follow` returns the moves for now; the planner replans when reality departs
-from the plan (see dispatcher.py), giving the core what runs as committed
-history.
+`follow` returns the moves for now; `late` the steps reality has fallen
+behind while GPUs idle, on which the planner replans (see dispatcher.py),
+giving the core what runs as committed history.
 """
 
 from __future__ import annotations
@@ -77,6 +77,14 @@ def pending(steps: Sequence[Step], live: Mapping[str, Live]) -> dict[str, list[S
             continue  # already done
         rest.append(s)
     return {job: rest for job, rest in out.items() if rest}
+
+
+def late(steps: Sequence[Step], live: Mapping[str, Live], now_s: float, slack_s: float) -> list[Step]:
+    """Pending steps planned to begin more than slack_s before now_s (plan seconds) that leave a GPU
+    idle meanwhile: reality has fallen behind the plan, and the plan is stale."""
+    held = {g for j in live.values() for g in j.held}
+    return [s for rest in pending(steps, live).values() for s in rest
+            if s.start_s + slack_s < now_s and any(g not in held for g in s.gpus)]
 
 
 def follow(steps: Sequence[Step], live: Mapping[str, Live], gpus: Sequence[Gpu]) -> list[Move]:

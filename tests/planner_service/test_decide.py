@@ -7,7 +7,7 @@ import random
 import pytest
 
 from services.planner.dispatcher import corrected_profile, epoch_table, observe
-from services.planner.follow import Live, Step, follow
+from services.planner.follow import Live, Step, follow, late
 
 N0 = [("n0", 0), ("n0", 1)]
 N1 = [("n1", 0), ("n1", 1)]
@@ -69,6 +69,16 @@ def test_steps_already_done_or_running_are_not_begun_again():
     steps = [Step("a", tuple(N0), 0, 0.0, 3), Step("a", tuple(GPUS), 3, 30.0, 2)]
     assert moves(steps, [running("a", GPUS, done=3)]) == []
     assert moves(steps, [running("a", GPUS, done=5)]) == []
+
+
+def test_a_step_is_late_when_its_planned_start_has_passed_and_a_gpu_it_needs_idles():
+    steps = [Step("b", tuple(N0), 0, 100.0, 3)]
+    # a, planned to end at 100 s, still runs at 200 s: b waits, but nothing idles
+    assert late(steps, live(running("a", N0), waiting("b")), now_s=200.0, slack_s=10.0) == []
+    # a let one GPU go; the other is still held: b is late and a GPU idles
+    assert late(steps, live(running("a", N0[:1]), waiting("b")), now_s=200.0, slack_s=10.0) == steps
+    # within the slack it is not late yet
+    assert late(steps, live(running("a", N0[:1]), waiting("b")), now_s=105.0, slack_s=10.0) == []
 
 
 @pytest.mark.parametrize("nodes,per", [(1, 4), (2, 2), (3, 3)])

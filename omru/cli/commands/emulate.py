@@ -44,10 +44,12 @@ def register(subparsers) -> None:
                    help="wall seconds the jobs may take before the run gives up (default 3600)")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE ('-' = stdout, no table)")
     p.add_argument("--gantt", metavar="FILE.png", help="write the planned and actual Gantt chart")
+    p.add_argument("--work-dir", metavar="DIR", help="keep the services' logs, etcd data and checkpoints there")
     p.set_defaults(func=run)
 
 
-def emulate(config, jobs, gantt: str | None = None, kill_process_at: float | None = None) -> dict:
+def emulate(config, jobs, gantt: str | None = None, kill_process_at: float | None = None,
+            work_dir: str | None = None) -> dict:
     """Plan offline, run the emulation, measure; the report object."""
     import asyncio
 
@@ -57,7 +59,10 @@ def emulate(config, jobs, gantt: str | None = None, kill_process_at: float | Non
 
     offline = simulate(jobs, config.gpus, config.gpus_per_node, config.policy, config.seed, config.resize_cost_s)
     lower_bound = offline["lower_bounds"]["fluid_s"]
-    with EmulatedCluster(config) as cluster:
+    from pathlib import Path
+
+    where = {"work_dir": Path(work_dir), "keep": True} if work_dir else {}
+    with EmulatedCluster(config, **where) as cluster:
         run = asyncio.run(drive(cluster, jobs, kill_process_at=kill_process_at))
         cpu = cluster.cpu_seconds()
         plan_seconds = cluster.planner_plan_seconds()
@@ -99,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                                  noise=args.noise, resize_cost_s=args.resize_cost, seed=args.seed,
                                  timeout_s=args.timeout)
         jobs = profiles.load_csv(args.profiles, task=args.task)
-        result = emulate(config, jobs, gantt=args.gantt)  # the offline plan refuses what omru simulate refuses
+        result = emulate(config, jobs, gantt=args.gantt, work_dir=args.work_dir)  # the offline plan refuses what omru simulate refuses
     except (ValueError, PlanningError) as exc:
         raise CliError(str(exc)) from None
     if args.json and args.json != "-":

@@ -1,0 +1,69 @@
+"""The planner carries a plan out on real (emulated) executors: a job moved to another node does not
+train on both, and a GPU goes to the next job the plan names."""
+
+from __future__ import annotations
+
+import asyncio
+
+from omru.v1 import planner_pb2
+from services.common import config as cfg
+from services.executor import server as executor_server
+from services.executor.emulated import EMULATED_KIND, Emulation, EmulatedRuntime
+from services.planner import report
+from services.planner.core import registry as policies
+from services.planner.core.model import Job, Plan, Segment
+from services.emulator import measure
+from tests.planner_service.planner_helpers import planner, spec
+
+SPEED = 100.0
+
+
+@policies.register("test-move-then-hand-over")
+def _moves(problem):
+    """a: 2 epochs on node-0's GPU, then the rest on node-1's; b: on node-0's GPU once a left it."""
+    a, b = problem.job("a"), problem.job("b")
+    t = a.epoch_seconds(1)
+    return Plan("test-move-then-hand-over", (
+        Segment("a", 0.0, 2 * t, (0,), 2), Segment("a", 2 * t, (a.epochs + 1) * t, (1,), a.epochs - 2),
+        Segment("b", 2 * t, 2 * t + b.epochs * t, (0,), b.epochs)))
+
+
+async def emulated_node(node_id: str, registry_address: str, planner_address: str, jobs, tmp_path):
+    config = cfg.ExecutorConfig(node_id=node_id, server=cfg.ServerConfig(port=0), registry=registry_address,
+                                planner=planner_address, slots=1, ttl_seconds=5, work_dir=tmp_path / node_id,
+                                warm_workers=False)
+    gpus = executor_server.gpus.cpu_slots(1)
+    gpus[0].kind = EMULATED_KIND
+    runtime = EmulatedRuntime(Emulation({j.id: j for j in jobs}, speed=SPEED), node_id, 1)
+    running, _ = await executor_server.start(config, runtime=runtime, node_gpus=gpus)
+    return running
+
+
+async def test_a_job_moved_to_another_node_trains_each_epoch_once_and_its_gpu_goes_to_the_next_planned(
+        etcd, registry, tmp_path):
+    jobs = [Job("a", 6, {1: 30.0}), Job("b", 3, {1: 30.0})]
+    async with planner(etcd.endpoint, registry.address, checkpoint_root=str(tmp_path / "ckpt"),
+                       policy="test-move-then-hand-over", time_scale=SPEED, start_overhead_s=0.0) as (running, d, stub):
+        nodes = [await emulated_node(n, registry.address, running.address, jobs, tmp_path) for n in ("node-0", "node-1")]
+        try:
+            await stub.SubmitJobs(planner_pb2.SubmitJobsRequest(
+                jobs=[spec(j.id, epochs=j.epochs) for j in jobs],
+                profiles=[planner_pb2.JobProfile(job_id=j.id, epoch_seconds=dict(j.profile)) for j in jobs]), timeout=5)
+            for _ in range(300):
+                if all(d.records[j.id].state == "FINISHED" for j in jobs):
+                    break
+                await asyncio.sleep(0.1)
+            events = await d.state.events()
+        finally:
+            for n in nodes:
+                await n.stop(0)
+    assert {j.id: d.records[j.id].state for j in jobs} == {"a": "FINISHED", "b": "FINISHED"}
+    done = sorted((e.job_id, e.epoch) for e in events if e.kind == report.EPOCH_DONE)
+    assert done == [("a", k) for k in range(1, 7)] + [("b", k) for k in range(1, 4)]  # each epoch once
+    holds = report.holds(events)
+    assert measure.double_owned_gpu_s(holds) == 0.0
+    # as planned: a on node-0 then node-1; b on node-0 after a left it
+    assert [(h.job_id, h.node_id) for h in sorted(holds, key=lambda h: h.start_s)] == [
+        ("a", "node-0"), ("a", "node-1"), ("b", "node-0")]
+    a0, a1 = [h for h in sorted(holds, key=lambda h: h.start_s) if h.job_id == "a"]
+    assert a1.start_s >= a0.end_s  # the new node started once the old one had stopped
