@@ -62,6 +62,7 @@ def row(name: str, r: dict, note: str = "") -> None:
           f"{c['plan_s_max']:>6.2f} {c['reuse_gap_s_p50']:>6.2f} {c['reuse_gap_s_p99']:>6.2f} "
           f"{c['etcd_requests_per_s']:>6.0f} {c['executor_events_per_s']:>6.1f} {c['planner_cpu_s']:>6.0f} "
           f"{c['emulator_cpu_s']:>6.0f} {r['wall_s']:>6.0f}" + (f"  {note}" if note else "")
+          + (f"  {r['refusals']} directives refused (requeued)" if r["refusals"] else "")
           + ("" if r["all_finished"] else "  NOT ALL FINISHED"), flush=True)
     for job_id, why in sorted(r["failures"].items()):
         print(f"    {job_id} failed on {why}")

@@ -12,7 +12,8 @@ planner's API at arrival_s / S. Times in the report are job seconds (wall x S)
 unless named wall: makespan_s, planned_makespan_s (the service's first plan),
 offline_makespan_s (the policy on the same input in the core, as `omru
 simulate` plans it), lower_bound_s (LB_fluid), epochs_run_twice, double_owned
-(GPU-seconds two jobs held one GPU), and `control`: the planner's plans (count
+(GPU-seconds two jobs held one GPU), directives refused (the job waits for the next plan) and failures with
+their reasons, and `control`: the planner's plans (count
 and wall seconds), the wall seconds from a GPU's release to its next holder
 starting on it (reuse gaps), etcd requests and executor events per wall
 second, planner and emulator CPU seconds. Exit 1 when a job did not finish.
@@ -56,6 +57,7 @@ def emulate(config, jobs, gantt: str | None = None, kill_process_at: float | Non
     from omru.cli.commands.simulate import simulate
     from services.emulator import measure
     from services.emulator.cluster import EmulatedCluster, drive
+    from services.executor.servicer import is_refusal
 
     offline = simulate(jobs, config.gpus, config.gpus_per_node, config.policy, config.seed, config.resize_cost_s)
     lower_bound = offline["lower_bounds"]["fluid_s"]
@@ -77,7 +79,9 @@ def emulate(config, jobs, gantt: str | None = None, kill_process_at: float | Non
         "epochs_run_twice": measure.epochs_run_twice(events),
         "double_owned": measure.double_owned_gpu_s(holds),
         "states": {r.job_id: r.state for r in run["records"]},
-        "failures": {e.job_id: f"{e.node_id}: {e.message}" for e in events if e.kind == "failed"},
+        "failures": {e.job_id: f"{e.node_id}: {e.message}" for e in events
+                     if e.kind == "failed" and not is_refusal(e.message)},
+        "refusals": sum(1 for e in events if e.kind == "failed" and is_refusal(e.message)),
         "killed_nodes": run["killed_nodes"],
         "wall_s": wall,
         "control": measure.control(events, wall, plan_seconds, run["etcd_requests"], cpu),
@@ -131,7 +135,8 @@ def format_report(r: dict) -> str:
         f"ratios        actual/offline {ratio(r['makespan_s'], r['offline_makespan_s'])}  "
         f"actual/LB {ratio(r['makespan_s'], lb)}  utilisation {r['utilisation'] * 100:.1f} %  "
         f"resizes {len(r['resizes'])}",
-        f"correctness   epochs run twice {r['epochs_run_twice']}  double-owned GPU-seconds {r['double_owned']:.1f}",
+        f"correctness   epochs run twice {r['epochs_run_twice']}  double-owned GPU-seconds {r['double_owned']:.1f}  "
+        f"directives refused {r['refusals']}  jobs failed {len(r['failures'])}",
         f"control       {c['reconciles']} plans (p50 {c['plan_s_p50']:.2f} s, p99 {c['plan_s_p99']:.2f} s, "
         f"max {c['plan_s_max']:.2f} s)  reuse gap p50 {c['reuse_gap_s_p50']:.2f} s p99 {c['reuse_gap_s_p99']:.2f} s "
         f"over {c['hand_overs']} hand-overs (wall)",
