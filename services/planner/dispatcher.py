@@ -159,6 +159,7 @@ class Dispatcher:
         self._tau: dict[str, dict[int, float]] = {}  # the epoch times the plan assumed, by job and GPU count
         self._deviated: set[str] = set()  # jobs that made the planner replan since the last plan
         self._after_release: dict[str, tuple] = {}  # job -> (directive, nodes, old GPUs not yet released)
+        self._planner_pool = None  # the process the core plans in (started at the first plan)
         self._plan_origin = 0.0  # when the plan in force starts (Unix seconds)
         self._plan_makespan = 0.0  # its makespan (plan seconds)
         self.deposed = asyncio.Event()  # a write was fenced off: another planner leads now
@@ -190,6 +191,9 @@ class Dispatcher:
         self._tasks, self._followers, self._channels, self.nodes = [], {}, {}, {}
         self.steps, self._steps_of = [], {}
         self.deposed.clear()
+        if self._planner_pool is not None:
+            pool, self._planner_pool = self._planner_pool, None
+            await asyncio.to_thread(pool.shutdown, True, cancel_futures=True)
 
     @property
     def leading(self) -> bool:
@@ -510,7 +514,6 @@ class Dispatcher:
                 return
             problem, base, tables = self._problem(records, gpus)
             attempts = {r.job_id: r.attempt for r in records}
-            origin = time.time()
         plan = await self._plan(problem, base, gpus) if problem is not None else None
         async with self._lock:
             if plan is not None:
@@ -523,7 +526,8 @@ class Dispatcher:
                     self._steps_of.setdefault(step.job_id, []).append(step)
                 self._tau = tables
                 self._deviated = set()
-                self._plan_origin, self._plan_makespan = origin, plan["makespan_s"]
+                # (its clock starts now: what ran while the core planned is not lateness)
+                self._plan_origin, self._plan_makespan = time.time(), plan["makespan_s"]
                 self.plan_version += 1
                 plan["record"]["version"] = self.plan_version
                 # the batch's first plan is the first one that covers every job (none still profiling)
@@ -597,23 +601,26 @@ class Dispatcher:
                               resize_cost_s=self.overhead_s), base, tables)
 
     async def _plan(self, problem, base: dict[str, int], gpus: list[Gpu]) -> dict | None:
-        """Plan with the policy in force (in a thread); {"steps": [Step], "record": the plan to store}."""
-        from services.planner.core import bounds, registry, validate
+        """Plan with the policy in force, in a process of its own (planning 1,000 jobs takes seconds of
+        CPU, which in a thread would hold up following the plan); {"steps": [Step], "record": ...}."""
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        from services.planner.core import registry
         from services.planner.core.model import PlanningError
-        from services.planner.core.simulator import replay
 
         name = self.policy_in_force
         committed = problem.options["committed"]
         began = time.monotonic()
-
-        def plan():
-            result = registry.plan(name, problem)
-            if committed or validate.violations(result, problem):  # as the cluster runs it, after what runs
-                result = replay(result, problem, committed)
-            return result, bounds.fluid(problem)
-
+        if self._planner_pool is None:  # (spawned, not forked: this process runs gRPC threads)
+            self._planner_pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"))
+        plain = ([(j.id, j.epochs, dict(j.profile), dict(j.placement)) for j in problem.jobs],
+                 (problem.cluster.nodes, problem.cluster.gpus_per_node), problem.seed, dict(problem.options),
+                 problem.resize_cost_s)
         try:
-            result, lower_bound = await asyncio.to_thread(plan)
+            module = registry.get(name).__module__  # where the policy registers itself, for the pool's process
+            result, lower_bound = await asyncio.get_running_loop().run_in_executor(
+                self._planner_pool, plan_problem, module, name, *plain)
         except PlanningError as exc:
             log.error("planning_failed", error=str(exc))
             return None
@@ -769,6 +776,27 @@ class Dispatcher:
         d = convert.directive(executor_pb2.DIRECTIVE_KIND_STOP, r, r.target or r.gpus, "", await self._checkpoint_dir(r.job_id),
                               f"{r.attempt_id}-stop")
         await asyncio.gather(*(self._deliver(node_id, d) for node_id in dict.fromkeys(g[0] for g in gpus)))
+
+
+def plan_problem(module: str, name: str, jobs, cluster: tuple[int, int], seed: int, options: dict,
+                 resize_cost_s: float):
+    """(plan, LB_fluid) of the planning input these plain values make (the planner's process pool runs
+    this; `module` registers policy `name`): the policy's plan, replayed after the committed history
+    when it has any or breaks a rule."""
+    import importlib
+
+    from services.planner.core import bounds, registry, validate
+    from services.planner.core.model import Cluster, Job, PlanningInput
+    from services.planner.core.simulator import replay
+
+    problem = PlanningInput(tuple(Job(id=i, epochs=e, profile=p, placement=pl) for i, e, p, pl in jobs),
+                            Cluster(*cluster), seed=seed, options=options, resize_cost_s=resize_cost_s)
+    committed = options.get("committed", ())
+    importlib.import_module(module)
+    result = registry.plan(name, problem)
+    if committed or validate.violations(result, problem):  # as the cluster runs it, after what runs
+        result = replay(result, problem, committed)
+    return result, bounds.fluid(problem)
 
 
 def default_policy() -> str:

@@ -20,12 +20,26 @@ SPEED = 100.0
 
 @policies.register("test-move-then-hand-over")
 def _moves(problem):
-    """a: 2 epochs on node-0's GPU, then the rest on node-1's; b: on node-0's GPU once a left it."""
-    a, b = problem.job("a"), problem.job("b")
-    t = a.epoch_seconds(1)
-    return Plan("test-move-then-hand-over", (
-        Segment("a", 0.0, 2 * t, (0,), 2), Segment("a", 2 * t, (a.epochs + 1) * t, (1,), a.epochs - 2),
-        Segment("b", 2 * t, 2 * t + b.epochs * t, (0,), b.epochs)))
+    """a: its epochs but the last 4 on node-0's GPU (0), the last 4 on node-1's (1); b: on GPU 0 once a left
+    it. Replans (with what runs as committed history) keep to it."""
+    ids = {j.id for j in problem.jobs}
+    free = [0.0, 0.0]
+    for s in problem.options.get("committed", ()):
+        for g in s.gpus:
+            free[g] = max(free[g], s.end_s)
+    segments = []
+    if "a" in ids:
+        a = problem.job("a")
+        t, first = a.epoch_seconds(1), max(a.epochs - 4, 0)
+        if first:
+            segments.append(Segment("a", free[0], free[0] + first * t, (0,), first))
+            free[0] += first * t
+        start = max(free[0] if first else 0.0, free[1])
+        segments.append(Segment("a", start, start + (a.epochs - first) * t, (1,), a.epochs - first))
+    if "b" in ids:
+        b = problem.job("b")
+        segments.append(Segment("b", free[0], free[0] + b.epochs * b.epoch_seconds(1), (0,), b.epochs))
+    return Plan("test-move-then-hand-over", tuple(segments))
 
 
 async def emulated_node(node_id: str, registry_address: str, planner_address: str, jobs, tmp_path):
