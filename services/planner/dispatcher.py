@@ -159,7 +159,6 @@ class Dispatcher:
         self._tau: dict[str, dict[int, float]] = {}  # the epoch times the plan assumed, by job and GPU count
         self._deviated: set[str] = set()  # jobs that made the planner replan since the last plan
         self._after_release: dict[str, tuple] = {}  # job -> (directive, nodes, old GPUs not yet released)
-        self._planner_pool = None  # the process the core plans in (started at the first plan)
         self._plan_origin = 0.0  # when the plan in force starts (Unix seconds)
         self._plan_makespan = 0.0  # its makespan (plan seconds)
         self.deposed = asyncio.Event()  # a write was fenced off: another planner leads now
@@ -191,9 +190,6 @@ class Dispatcher:
         self._tasks, self._followers, self._channels, self.nodes = [], {}, {}, {}
         self.steps, self._steps_of = [], {}
         self.deposed.clear()
-        if self._planner_pool is not None:
-            pool, self._planner_pool = self._planner_pool, None
-            await asyncio.to_thread(pool.shutdown, True, cancel_futures=True)
 
     @property
     def leading(self) -> bool:
@@ -601,26 +597,14 @@ class Dispatcher:
                               resize_cost_s=self.overhead_s), base, tables)
 
     async def _plan(self, problem, base: dict[str, int], gpus: list[Gpu]) -> dict | None:
-        """Plan with the policy in force, in a process of its own (planning 1,000 jobs takes seconds of
-        CPU, which in a thread would hold up following the plan); {"steps": [Step], "record": ...}."""
-        from concurrent.futures import ProcessPoolExecutor
-        from multiprocessing import get_context
-
-        from services.planner.core import registry
+        """Plan with the policy in force (in a thread); {"steps": [Step], "record": the plan to store}."""
         from services.planner.core.model import PlanningError
 
         name = self.policy_in_force
         committed = problem.options["committed"]
         began = time.monotonic()
-        if self._planner_pool is None:  # (spawned, not forked: this process runs gRPC threads)
-            self._planner_pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"))
-        plain = ([(j.id, j.epochs, dict(j.profile), dict(j.placement)) for j in problem.jobs],
-                 (problem.cluster.nodes, problem.cluster.gpus_per_node), problem.seed, dict(problem.options),
-                 problem.resize_cost_s)
         try:
-            module = registry.get(name).__module__  # where the policy registers itself, for the pool's process
-            result, lower_bound = await asyncio.get_running_loop().run_in_executor(
-                self._planner_pool, plan_problem, module, name, *plain)
+            result, lower_bound = await asyncio.to_thread(plan_problem, name, problem)
         except PlanningError as exc:
             log.error("planning_failed", error=str(exc))
             return None
@@ -778,21 +762,13 @@ class Dispatcher:
         await asyncio.gather(*(self._deliver(node_id, d) for node_id in dict.fromkeys(g[0] for g in gpus)))
 
 
-def plan_problem(module: str, name: str, jobs, cluster: tuple[int, int], seed: int, options: dict,
-                 resize_cost_s: float):
-    """(plan, LB_fluid) of the planning input these plain values make (the planner's process pool runs
-    this; `module` registers policy `name`): the policy's plan, replayed after the committed history
-    when it has any or breaks a rule."""
-    import importlib
-
+def plan_problem(name: str, problem):
+    """(plan, LB_fluid): policy `name`'s plan, replayed after the committed history when it has any or
+    breaks a rule."""
     from services.planner.core import bounds, registry, validate
-    from services.planner.core.model import Cluster, Job, PlanningInput
     from services.planner.core.simulator import replay
 
-    problem = PlanningInput(tuple(Job(id=i, epochs=e, profile=p, placement=pl) for i, e, p, pl in jobs),
-                            Cluster(*cluster), seed=seed, options=options, resize_cost_s=resize_cost_s)
-    committed = options.get("committed", ())
-    importlib.import_module(module)
+    committed = problem.options.get("committed", ())
     result = registry.plan(name, problem)
     if committed or validate.violations(result, problem):  # as the cluster runs it, after what runs
         result = replay(result, problem, committed)
