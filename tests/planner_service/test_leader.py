@@ -34,15 +34,20 @@ async def until_accepted(stub, job_id: str, within: float) -> float:
         await asyncio.sleep(0.1)
 
 
-async def test_only_the_leading_planner_writes_and_a_standby_takes_over_within_the_lease(etcd, registry, etcd_store,
-                                                                                          start_service):
+async def leader_and_standby(etcd, registry, start_service):
+    """Two planner processes on one etcd, the first leading (it took job 'one'); (process, stub) of each."""
     args = ("--port", "0", "--etcd", etcd.endpoint, "--registry", registry.address, "--profiler", "127.0.0.1:1",
             "--leader-ttl", str(TTL))
     first = await start_service("planner", *args)
     a = planner_pb2_grpc.PlannerServiceStub(open_channel(first.address))
     await until_accepted(a, "one", within=10)
     second = await start_service("planner", *args)
-    b = planner_pb2_grpc.PlannerServiceStub(open_channel(second.address))
+    return (first, a), (second, planner_pb2_grpc.PlannerServiceStub(open_channel(second.address)))
+
+
+async def test_only_the_leading_planner_writes_and_a_standby_takes_over_within_the_lease(etcd, registry, etcd_store,
+                                                                                          start_service):
+    (first, _), (second, b) = await leader_and_standby(etcd, registry, start_service)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await submit(b, "two")
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -60,13 +65,7 @@ async def test_a_leader_paused_past_its_lease_is_deposed_and_stands_by_when_it_r
     import os
     import signal
 
-    args = ("--port", "0", "--etcd", etcd.endpoint, "--registry", registry.address, "--profiler", "127.0.0.1:1",
-            "--leader-ttl", str(TTL))
-    first = await start_service("planner", *args)
-    a = planner_pb2_grpc.PlannerServiceStub(open_channel(first.address))
-    await until_accepted(a, "one", within=10)
-    second = await start_service("planner", *args)
-    b = planner_pb2_grpc.PlannerServiceStub(open_channel(second.address))
+    (first, a), (second, b) = await leader_and_standby(etcd, registry, start_service)
     os.kill(first.proc.pid, signal.SIGSTOP)
     try:
         await until_accepted(b, "two", within=TTL + 5)
