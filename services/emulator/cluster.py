@@ -36,6 +36,10 @@ MAX_GPUS = 4096
 SUBMIT_CHUNK = 100
 #: Placements submitted per GPU count: those over at most this many nodes more than the fewest that hold it.
 SUBMITTED_SPREAD = 2
+#: Wall seconds between the emulator's looks at the job records (a list of 1,000 is 6 MB of etcd reads:
+#: the instrument must not load what it measures). Makespans come from events, not from these looks.
+POLL_S = 2.0
+KILL_POLL_S = 0.2  # while waiting for the moment to kill a node process
 #: Seconds every RPC of the emulator may take.
 RPC_DEADLINE_S = 30.0
 
@@ -256,8 +260,9 @@ async def drive(cluster: EmulatedCluster, jobs: Sequence[Job], kill_process_at: 
             if time.monotonic() > deadline:
                 raise TimeoutError(f"jobs not done within {cluster.config.timeout_s:.0f} s: "
                                    + ", ".join(sorted(f"{r.job_id} {r.state}" for r in records if not r.terminal)[:10]))
-            next_arrival = (origin + pending[0].arrival_s / speed - time.time()) if pending else 1.0
-            await asyncio.sleep(max(0.0, min(0.5, next_arrival)))
+            poll = KILL_POLL_S if kill_process_at is not None and not killed else POLL_S
+            next_arrival = (origin + pending[0].arrival_s / speed - time.time()) if pending else poll
+            await asyncio.sleep(max(0.0, min(poll, next_arrival)))
         wall = time.time() - origin
         return {"origin": origin, "wall_s": wall, "records": records, "events": await state.events(),
                 "first_plan": await state.first_plan(), "killed_nodes": killed,

@@ -100,10 +100,10 @@ def figures(events: Sequence[Event], origin_s: float, speed: float, gpus: int, j
     return f.to_dict(), hs, shifted
 
 
-def control(events: Sequence[Event], wall_s: float, plan_seconds: Sequence[float], etcd_requests: float,
-            cpu: dict[str, float]) -> dict:
-    """The control plane's figures; reuse gaps in wall seconds."""
-    gaps = reuse_gaps(report.holds(events))
+def control(events: Sequence[Event], holds: Sequence[Hold], speed: float, wall_s: float,
+            plan_seconds: Sequence[float], etcd_requests: float, cpu: dict[str, float]) -> dict:
+    """The control plane's figures; `holds` in job seconds, reuse gaps in wall seconds."""
+    gaps = [g / speed for g in reuse_gaps(holds)]
     out = {"reconciles": len(plan_seconds), **spread(plan_seconds, "plan_s"),
            "reuse_gap_s_p50": percentile(gaps, 0.5), "reuse_gap_s_p99": percentile(gaps, 0.99),
            "reuse_gap_s_max": max(gaps, default=0.0), "hand_overs": len(gaps),

@@ -103,6 +103,16 @@ class Emulation:
             raise ValueError(f"resize cost {self.resize_cost_s!r} must be >= 0")
 
 
+def emulated_gpus(count: int) -> list:
+    """What an emulated node offers the registry: `count` GPUs of kind EMULATED_KIND."""
+    from services.common import gpus
+
+    offered = gpus.cpu_slots(count)
+    for g in offered:
+        g.kind = EMULATED_KIND
+    return offered
+
+
 class EmulatedRuntime:
     """supervisor.Runtime of one emulated node."""
 
@@ -306,7 +316,6 @@ async def serve(args: argparse.Namespace) -> None:
     import signal
 
     from services.common import config as cfg
-    from services.common import gpus
     from services.common.logging import get_logger
     from services.common.server import print_ready
     from services.executor import server
@@ -326,11 +335,8 @@ async def serve(args: argparse.Namespace) -> None:
                 node_id=node_id, server=cfg.ServerConfig(host=args.host, port=0, auth_token=token),
                 registry=args.registry, planner=args.planner, slots=args.gpus_per_node, ttl_seconds=args.ttl,
                 work_dir=Path(args.work_dir) / node_id, warm_workers=False)
-            node_gpus = [g for g in gpus.cpu_slots(args.gpus_per_node)]
-            for g in node_gpus:
-                g.kind = EMULATED_KIND
             started.append(await server.start(config, runtime=EmulatedRuntime(emulation, node_id, args.gpus_per_node),
-                                        node_gpus=node_gpus))
+                                              node_gpus=emulated_gpus(args.gpus_per_node)))
         print_ready(service="emulated-nodes", nodes={n: r.address for n, (r, _) in zip(args.node_ids, started)},
                     address=started[0][0].address if started else "")
         await stop.wait()

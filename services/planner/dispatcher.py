@@ -155,7 +155,7 @@ class Dispatcher:
         self._follow_needed = asyncio.Event()
         self.records: dict[str, JobRecord] = {}  # every job, as stored (this planner is their one writer)
         self.steps: list[Step] = []  # the plan in force, as steps to follow
-        self._steps_of: dict[str, list[Step]] = {}
+        self._steps_of: dict[str, list[Step]] = {}  # the same, by job (_adopt keeps both)
         self._tau: dict[str, dict[int, float]] = {}  # the epoch times the plan assumed, by job and GPU count
         self._deviated: set[str] = set()  # jobs that made the planner replan since the last plan
         self._after_release: dict[str, tuple] = {}  # job -> (directive, nodes, old GPUs not yet released)
@@ -188,7 +188,7 @@ class Dispatcher:
         for ch in self._channels.values():
             await ch.close()
         self._tasks, self._followers, self._channels, self.nodes = [], {}, {}, {}
-        self.steps, self._steps_of = [], {}
+        self._adopt([])
         self.deposed.clear()
 
     @property
@@ -443,10 +443,14 @@ class Dispatcher:
     def live_gpus(self) -> list[Gpu]:
         return sorted((n.node_id, g.index) for n in self.nodes.values() for g in n.gpus)
 
+    def _adopt(self, steps: list[Step]) -> None:
+        self.steps, self._steps_of = steps, {}
+        for step in steps:
+            self._steps_of.setdefault(step.job_id, []).append(step)
+
     def _due(self, r: JobRecord) -> bool:
         """True when the job's next planned step may begin at its coming epoch boundary."""
-        return any(s.job_id == r.job_id and r.epochs_done + 1 >= s.after and set(s.gpus) != set(r.gpus)
-                   for s in self._steps_of.get(r.job_id, ()))
+        return any(r.epochs_done + 1 >= s.after and set(s.gpus) != set(r.gpus) for s in self._steps_of.get(r.job_id, ()))
 
     def _departs(self, r: JobRecord, world_size: int) -> bool:
         """True (once per plan and job) when the job's mean epoch time at its size is off the plan's by
@@ -515,11 +519,8 @@ class Dispatcher:
             if plan is not None:
                 # jobs that started or moved while the core planned keep the steps they follow
                 moved = {j for j, a in attempts.items() if j in self.records and self.records[j].attempt != a}
-                self.steps = [x for x in plan["steps"] if x.job_id not in moved] + [
-                    x for x in self.steps if x.job_id in moved]
-                self._steps_of = {}
-                for step in self.steps:
-                    self._steps_of.setdefault(step.job_id, []).append(step)
+                self._adopt([x for x in plan["steps"] if x.job_id not in moved]
+                            + [x for x in self.steps if x.job_id in moved])
                 self._tau = tables
                 self._deviated = set()
                 # (its clock starts now: what ran while the core planned is not lateness)

@@ -8,7 +8,7 @@ import asyncio
 from omru.v1 import planner_pb2
 from services.common import config as cfg
 from services.executor import server as executor_server
-from services.executor.emulated import EMULATED_KIND, Emulation, EmulatedRuntime
+from services.executor.emulated import Emulation, EmulatedRuntime, emulated_gpus
 from services.planner import report
 from services.planner.core import registry as policies
 from services.planner.core.model import Job, Plan, Segment
@@ -46,10 +46,8 @@ async def emulated_node(node_id: str, registry_address: str, planner_address: st
     config = cfg.ExecutorConfig(node_id=node_id, server=cfg.ServerConfig(port=0), registry=registry_address,
                                 planner=planner_address, slots=1, ttl_seconds=5, work_dir=tmp_path / node_id,
                                 warm_workers=False)
-    gpus = executor_server.gpus.cpu_slots(1)
-    gpus[0].kind = EMULATED_KIND
     runtime = EmulatedRuntime(Emulation({j.id: j for j in jobs}, speed=SPEED), node_id, 1)
-    running, _ = await executor_server.start(config, runtime=runtime, node_gpus=gpus)
+    running, _ = await executor_server.start(config, runtime=runtime, node_gpus=emulated_gpus(1))
     return running
 
 

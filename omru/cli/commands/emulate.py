@@ -84,7 +84,7 @@ def emulate(config, jobs, gantt: str | None = None, kill_process_at: float | Non
         "refusals": sum(1 for e in events if e.kind == "failed" and is_refusal(e.message)),
         "killed_nodes": run["killed_nodes"],
         "wall_s": wall,
-        "control": measure.control(events, wall, plan_seconds, run["etcd_requests"], cpu),
+        "control": measure.control(events, holds, config.speed, wall, plan_seconds, run["etcd_requests"], cpu),
     }
     if gantt:
         from services.planner import report
