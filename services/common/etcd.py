@@ -231,13 +231,23 @@ class EtcdStore:
         lease: one lease for every key, or a lease per key. On failure
         `existing` holds the keys that already exist. LeaseNotFound when a
         lease is gone."""
-        keys = list(items)
-        leases = lease if isinstance(lease, Mapping) else {k: lease for k in keys}
-        compare = [rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=self._key(k), create_revision=0) for k in keys]
-        success = [rpc.RequestOp(request_put=rpc.PutRequest(key=self._key(k), value=items[k], lease=leases.get(k, 0))) for k in keys]
-        failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=self._key(k))) for k in keys]
+        leases = lease if isinstance(lease, Mapping) else {k: lease for k in items}
+        return await self.commit({k: (v, leases.get(k, 0)) for k, v in items.items()}, absent=list(items))
+
+    async def commit(self, puts: Mapping[str, tuple[bytes, int]] = {}, deletes: Sequence[str] = (),
+                     absent: Sequence[str] = ()) -> TxnResult:
+        """One transaction: write puts (key -> (value, lease)) and delete keys, only when every key of
+        `absent` is absent. On failure nothing is written and `existing` holds the keys of `absent`
+        that exist. LeaseNotFound when a lease is gone."""
+        compare = [rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=self._key(k), create_revision=0)
+                   for k in absent]
+        success = [rpc.RequestOp(request_put=rpc.PutRequest(key=self._key(k), value=v, lease=lease))
+                   for k, (v, lease) in puts.items()]
+        success += [rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=self._key(k))) for k in deletes]
+        failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=self._key(k))) for k in absent]
+        keys = [*puts, *deletes]
         response = await self._txn(compare, success, failure,
-                                   f"create {keys[0]}" + (f" and {len(keys) - 1} more keys" if len(keys) > 1 else ""))
+                                   f"write {keys[0] if keys else ''}" + (f" and {len(keys) - 1} more keys" if len(keys) > 1 else ""))
         if response.succeeded:
             return TxnResult(True, response.header.revision)
         existing = tuple(self._kv(kv) for op in response.responses for kv in op.response_range.kvs)
