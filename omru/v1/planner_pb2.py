@@ -23,10 +23,9 @@ _sym_db = _symbol_database.Default()
 
 
 from omru.v1 import common_pb2 as omru_dot_v1_dot_common__pb2
-from omru.v1 import executor_pb2 as omru_dot_v1_dot_executor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15omru/v1/planner.proto\x12\x07omru.v1\x1a\x14omru/v1/common.proto\x1a\x16omru/v1/executor.proto\"w\n\x04Plan\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\"\n\x08segments\x18\x03 \x03(\x0b\x32\x10.omru.v1.Segment\x12\x12\n\nmakespan_s\x18\x04 \x01(\x01\x12\x16\n\x0e\x63reated_unix_s\x18\x05 \x01(\x01\"\xd6\x01\n\tJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.omru.v1.JobState\x12\x13\n\x0b\x65pochs_done\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x10\n\x08\x61\x63\x63uracy\x18\x05 \x01(\x01\x12\x14\n\x0cplan_version\x18\x06 \x01(\x03\x12\x10\n\x08revision\x18\x07 \x01(\x03\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x13\n\x0btime_unix_s\x18\t \x01(\x01\x12\x0e\n\x06\x65pochs\x18\n \x01(\x05\"\xc1\x01\n\tJobResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.omru.v1.JobState\x12\x13\n\x0b\x65pochs_done\x18\x03 \x01(\x05\x12\x10\n\x08\x61\x63\x63uracy\x18\x04 \x01(\x01\x12\x18\n\x10planned_finish_s\x18\x05 \x01(\x01\x12\x17\n\x0f\x61\x63tual_finish_s\x18\x06 \x01(\x01\x12\x13\n\x0bgpu_seconds\x18\x07 \x01(\x01\x12\x13\n\x0bworld_sizes\x18\x08 \x03(\x05\"\x7f\n\x07GpuHold\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nattempt_id\x18\x02 \x01(\t\x12\x1c\n\x03gpu\x18\x03 \x01(\x0b\x32\x0f.omru.v1.GpuRef\x12\x0f\n\x07start_s\x18\x04 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x05 \x01(\x01\x12\x12\n\nworld_size\x18\x06 \x01(\x05\"L\n\x06Resize\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06time_s\x18\x02 \x01(\x01\x12\x11\n\tfrom_size\x18\x03 \x01(\x05\x12\x0f\n\x07to_size\x18\x04 \x01(\x05\"\xbb\x01\n\nJobProfile\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12<\n\repoch_seconds\x18\x02 \x03(\x0b\x32%.omru.v1.JobProfile.EpochSecondsEntry\x12*\n\nplacements\x18\x03 \x03(\x0b\x32\x16.omru.v1.PlacementTime\x1a\x33\n\x11\x45pochSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"C\n\rPlacementTime\x12\x0c\n\x04gpus\x18\x01 \x01(\x05\x12\r\n\x05nodes\x18\x02 \x01(\x05\x12\x15\n\repoch_seconds\x18\x03 \x01(\x01\"\xbe\x02\n\x06Report\x12\x12\n\nmakespan_s\x18\x01 \x01(\x01\x12\x1a\n\x12planned_makespan_s\x18\x02 \x01(\x01\x12\x13\n\x0butilisation\x18\x03 \x01(\x01\x12 \n\x04jobs\x18\x04 \x03(\x0b\x32\x12.omru.v1.JobResult\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\x12\x15\n\rlower_bound_s\x18\x07 \x01(\x01\x12\x1b\n\x13\x63ompute_utilisation\x18\x08 \x01(\x01\x12\x1f\n\x05holds\x18\t \x03(\x0b\x32\x10.omru.v1.GpuHold\x12!\n\nfirst_plan\x18\n \x01(\x0b\x32\r.omru.v1.Plan\x12 \n\x07resizes\x18\x0b \x03(\x0b\x32\x0f.omru.v1.Resize\x12\x15\n\rorigin_unix_s\x18\x0c \x01(\x01\"j\n\x11SubmitJobsRequest\x12\x1e\n\x04jobs\x18\x01 \x03(\x0b\x32\x10.omru.v1.JobSpec\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12%\n\x08profiles\x18\x03 \x03(\x0b\x32\x13.omru.v1.JobProfile\"%\n\x12SubmitJobsResponse\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"5\n\x11\x43\x61ncelJobResponse\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.omru.v1.JobState\"\x10\n\x0eGetPlanRequest\".\n\x0fGetPlanResponse\x12\x1b\n\x04plan\x18\x01 \x01(\x0b\x32\r.omru.v1.Plan\";\n\x10WatchJobsRequest\x12\x16\n\x0e\x61\x66ter_revision\x18\x01 \x01(\x03\x12\x0f\n\x07job_ids\x18\x02 \x03(\t\"7\n\x11WatchJobsResponse\x12\"\n\x06update\x18\x01 \x01(\x0b\x32\x12.omru.v1.JobUpdate\")\n\x16WatchDirectivesRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"@\n\x17WatchDirectivesResponse\x12%\n\tdirective\x18\x01 \x01(\x0b\x32\x12.omru.v1.Directive\"\x12\n\x10GetReportRequest\"4\n\x11GetReportResponse\x12\x1f\n\x06report\x18\x01 \x01(\x0b\x32\x0f.omru.v1.Report2\xbb\x03\n\x0ePlannerService\x12\x45\n\nSubmitJobs\x12\x1a.omru.v1.SubmitJobsRequest\x1a\x1b.omru.v1.SubmitJobsResponse\x12\x42\n\tCancelJob\x12\x19.omru.v1.CancelJobRequest\x1a\x1a.omru.v1.CancelJobResponse\x12<\n\x07GetPlan\x12\x17.omru.v1.GetPlanRequest\x1a\x18.omru.v1.GetPlanResponse\x12\x44\n\tWatchJobs\x12\x19.omru.v1.WatchJobsRequest\x1a\x1a.omru.v1.WatchJobsResponse0\x01\x12V\n\x0fWatchDirectives\x12\x1f.omru.v1.WatchDirectivesRequest\x1a .omru.v1.WatchDirectivesResponse0\x01\x12\x42\n\tGetReport\x12\x19.omru.v1.GetReportRequest\x1a\x1a.omru.v1.GetReportResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15omru/v1/planner.proto\x12\x07omru.v1\x1a\x14omru/v1/common.proto\"w\n\x04Plan\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\"\n\x08segments\x18\x03 \x03(\x0b\x32\x10.omru.v1.Segment\x12\x12\n\nmakespan_s\x18\x04 \x01(\x01\x12\x16\n\x0e\x63reated_unix_s\x18\x05 \x01(\x01\"\xd6\x01\n\tJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.omru.v1.JobState\x12\x13\n\x0b\x65pochs_done\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x10\n\x08\x61\x63\x63uracy\x18\x05 \x01(\x01\x12\x14\n\x0cplan_version\x18\x06 \x01(\x03\x12\x10\n\x08revision\x18\x07 \x01(\x03\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x13\n\x0btime_unix_s\x18\t \x01(\x01\x12\x0e\n\x06\x65pochs\x18\n \x01(\x05\"\xc1\x01\n\tJobResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.omru.v1.JobState\x12\x13\n\x0b\x65pochs_done\x18\x03 \x01(\x05\x12\x10\n\x08\x61\x63\x63uracy\x18\x04 \x01(\x01\x12\x18\n\x10planned_finish_s\x18\x05 \x01(\x01\x12\x17\n\x0f\x61\x63tual_finish_s\x18\x06 \x01(\x01\x12\x13\n\x0bgpu_seconds\x18\x07 \x01(\x01\x12\x13\n\x0bworld_sizes\x18\x08 \x03(\x05\"\x7f\n\x07GpuHold\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nattempt_id\x18\x02 \x01(\t\x12\x1c\n\x03gpu\x18\x03 \x01(\x0b\x32\x0f.omru.v1.GpuRef\x12\x0f\n\x07start_s\x18\x04 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x05 \x01(\x01\x12\x12\n\nworld_size\x18\x06 \x01(\x05\"L\n\x06Resize\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06time_s\x18\x02 \x01(\x01\x12\x11\n\tfrom_size\x18\x03 \x01(\x05\x12\x0f\n\x07to_size\x18\x04 \x01(\x05\"\xbb\x01\n\nJobProfile\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12<\n\repoch_seconds\x18\x02 \x03(\x0b\x32%.omru.v1.JobProfile.EpochSecondsEntry\x12*\n\nplacements\x18\x03 \x03(\x0b\x32\x16.omru.v1.PlacementTime\x1a\x33\n\x11\x45pochSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"C\n\rPlacementTime\x12\x0c\n\x04gpus\x18\x01 \x01(\x05\x12\r\n\x05nodes\x18\x02 \x01(\x05\x12\x15\n\repoch_seconds\x18\x03 \x01(\x01\"\xbe\x02\n\x06Report\x12\x12\n\nmakespan_s\x18\x01 \x01(\x01\x12\x1a\n\x12planned_makespan_s\x18\x02 \x01(\x01\x12\x13\n\x0butilisation\x18\x03 \x01(\x01\x12 \n\x04jobs\x18\x04 \x03(\x0b\x32\x12.omru.v1.JobResult\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\x12\x15\n\rlower_bound_s\x18\x07 \x01(\x01\x12\x1b\n\x13\x63ompute_utilisation\x18\x08 \x01(\x01\x12\x1f\n\x05holds\x18\t \x03(\x0b\x32\x10.omru.v1.GpuHold\x12!\n\nfirst_plan\x18\n \x01(\x0b\x32\r.omru.v1.Plan\x12 \n\x07resizes\x18\x0b \x03(\x0b\x32\x0f.omru.v1.Resize\x12\x15\n\rorigin_unix_s\x18\x0c \x01(\x01\"j\n\x11SubmitJobsRequest\x12\x1e\n\x04jobs\x18\x01 \x03(\x0b\x32\x10.omru.v1.JobSpec\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12%\n\x08profiles\x18\x03 \x03(\x0b\x32\x13.omru.v1.JobProfile\"%\n\x12SubmitJobsResponse\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"5\n\x11\x43\x61ncelJobResponse\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.omru.v1.JobState\"\x10\n\x0eGetPlanRequest\".\n\x0fGetPlanResponse\x12\x1b\n\x04plan\x18\x01 \x01(\x0b\x32\r.omru.v1.Plan\";\n\x10WatchJobsRequest\x12\x16\n\x0e\x61\x66ter_revision\x18\x01 \x01(\x03\x12\x0f\n\x07job_ids\x18\x02 \x03(\t\"7\n\x11WatchJobsResponse\x12\"\n\x06update\x18\x01 \x01(\x0b\x32\x12.omru.v1.JobUpdate\"\x12\n\x10GetReportRequest\"4\n\x11GetReportResponse\x12\x1f\n\x06report\x18\x01 \x01(\x0b\x32\x0f.omru.v1.Report2\xe3\x02\n\x0ePlannerService\x12\x45\n\nSubmitJobs\x12\x1a.omru.v1.SubmitJobsRequest\x1a\x1b.omru.v1.SubmitJobsResponse\x12\x42\n\tCancelJob\x12\x19.omru.v1.CancelJobRequest\x1a\x1a.omru.v1.CancelJobResponse\x12<\n\x07GetPlan\x12\x17.omru.v1.GetPlanRequest\x1a\x18.omru.v1.GetPlanResponse\x12\x44\n\tWatchJobs\x12\x19.omru.v1.WatchJobsRequest\x1a\x1a.omru.v1.WatchJobsResponse0\x01\x12\x42\n\tGetReport\x12\x19.omru.v1.GetReportRequest\x1a\x1a.omru.v1.GetReportResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,48 +34,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOBPROFILE_EPOCHSECONDSENTRY']._loaded_options = None
   _globals['_JOBPROFILE_EPOCHSECONDSENTRY']._serialized_options = b'8\001'
-  _globals['_PLAN']._serialized_start=80
-  _globals['_PLAN']._serialized_end=199
-  _globals['_JOBUPDATE']._serialized_start=202
-  _globals['_JOBUPDATE']._serialized_end=416
-  _globals['_JOBRESULT']._serialized_start=419
-  _globals['_JOBRESULT']._serialized_end=612
-  _globals['_GPUHOLD']._serialized_start=614
-  _globals['_GPUHOLD']._serialized_end=741
-  _globals['_RESIZE']._serialized_start=743
-  _globals['_RESIZE']._serialized_end=819
-  _globals['_JOBPROFILE']._serialized_start=822
-  _globals['_JOBPROFILE']._serialized_end=1009
-  _globals['_JOBPROFILE_EPOCHSECONDSENTRY']._serialized_start=958
-  _globals['_JOBPROFILE_EPOCHSECONDSENTRY']._serialized_end=1009
-  _globals['_PLACEMENTTIME']._serialized_start=1011
-  _globals['_PLACEMENTTIME']._serialized_end=1078
-  _globals['_REPORT']._serialized_start=1081
-  _globals['_REPORT']._serialized_end=1399
-  _globals['_SUBMITJOBSREQUEST']._serialized_start=1401
-  _globals['_SUBMITJOBSREQUEST']._serialized_end=1507
-  _globals['_SUBMITJOBSRESPONSE']._serialized_start=1509
-  _globals['_SUBMITJOBSRESPONSE']._serialized_end=1546
-  _globals['_CANCELJOBREQUEST']._serialized_start=1548
-  _globals['_CANCELJOBREQUEST']._serialized_end=1582
-  _globals['_CANCELJOBRESPONSE']._serialized_start=1584
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1637
-  _globals['_GETPLANREQUEST']._serialized_start=1639
-  _globals['_GETPLANREQUEST']._serialized_end=1655
-  _globals['_GETPLANRESPONSE']._serialized_start=1657
-  _globals['_GETPLANRESPONSE']._serialized_end=1703
-  _globals['_WATCHJOBSREQUEST']._serialized_start=1705
-  _globals['_WATCHJOBSREQUEST']._serialized_end=1764
-  _globals['_WATCHJOBSRESPONSE']._serialized_start=1766
-  _globals['_WATCHJOBSRESPONSE']._serialized_end=1821
-  _globals['_WATCHDIRECTIVESREQUEST']._serialized_start=1823
-  _globals['_WATCHDIRECTIVESREQUEST']._serialized_end=1864
-  _globals['_WATCHDIRECTIVESRESPONSE']._serialized_start=1866
-  _globals['_WATCHDIRECTIVESRESPONSE']._serialized_end=1930
-  _globals['_GETREPORTREQUEST']._serialized_start=1932
-  _globals['_GETREPORTREQUEST']._serialized_end=1950
-  _globals['_GETREPORTRESPONSE']._serialized_start=1952
-  _globals['_GETREPORTRESPONSE']._serialized_end=2004
-  _globals['_PLANNERSERVICE']._serialized_start=2007
-  _globals['_PLANNERSERVICE']._serialized_end=2450
+  _globals['_PLAN']._serialized_start=56
+  _globals['_PLAN']._serialized_end=175
+  _globals['_JOBUPDATE']._serialized_start=178
+  _globals['_JOBUPDATE']._serialized_end=392
+  _globals['_JOBRESULT']._serialized_start=395
+  _globals['_JOBRESULT']._serialized_end=588
+  _globals['_GPUHOLD']._serialized_start=590
+  _globals['_GPUHOLD']._serialized_end=717
+  _globals['_RESIZE']._serialized_start=719
+  _globals['_RESIZE']._serialized_end=795
+  _globals['_JOBPROFILE']._serialized_start=798
+  _globals['_JOBPROFILE']._serialized_end=985
+  _globals['_JOBPROFILE_EPOCHSECONDSENTRY']._serialized_start=934
+  _globals['_JOBPROFILE_EPOCHSECONDSENTRY']._serialized_end=985
+  _globals['_PLACEMENTTIME']._serialized_start=987
+  _globals['_PLACEMENTTIME']._serialized_end=1054
+  _globals['_REPORT']._serialized_start=1057
+  _globals['_REPORT']._serialized_end=1375
+  _globals['_SUBMITJOBSREQUEST']._serialized_start=1377
+  _globals['_SUBMITJOBSREQUEST']._serialized_end=1483
+  _globals['_SUBMITJOBSRESPONSE']._serialized_start=1485
+  _globals['_SUBMITJOBSRESPONSE']._serialized_end=1522
+  _globals['_CANCELJOBREQUEST']._serialized_start=1524
+  _globals['_CANCELJOBREQUEST']._serialized_end=1558
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1560
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1613
+  _globals['_GETPLANREQUEST']._serialized_start=1615
+  _globals['_GETPLANREQUEST']._serialized_end=1631
+  _globals['_GETPLANRESPONSE']._serialized_start=1633
+  _globals['_GETPLANRESPONSE']._serialized_end=1679
+  _globals['_WATCHJOBSREQUEST']._serialized_start=1681
+  _globals['_WATCHJOBSREQUEST']._serialized_end=1740
+  _globals['_WATCHJOBSRESPONSE']._serialized_start=1742
+  _globals['_WATCHJOBSRESPONSE']._serialized_end=1797
+  _globals['_GETREPORTREQUEST']._serialized_start=1799
+  _globals['_GETREPORTREQUEST']._serialized_end=1817
+  _globals['_GETREPORTRESPONSE']._serialized_start=1819
+  _globals['_GETREPORTRESPONSE']._serialized_end=1871
+  _globals['_PLANNERSERVICE']._serialized_start=1874
+  _globals['_PLANNERSERVICE']._serialized_end=2229
 # @@protoc_insertion_point(module_scope)

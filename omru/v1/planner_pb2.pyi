@@ -1,5 +1,4 @@
 from omru.v1 import common_pb2 as _common_pb2
-from omru.v1 import executor_pb2 as _executor_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -200,18 +199,6 @@ class WatchJobsResponse(_message.Message):
     UPDATE_FIELD_NUMBER: _ClassVar[int]
     update: JobUpdate
     def __init__(self, update: _Optional[_Union[JobUpdate, _Mapping]] = ...) -> None: ...
-
-class WatchDirectivesRequest(_message.Message):
-    __slots__ = ("node_id",)
-    NODE_ID_FIELD_NUMBER: _ClassVar[int]
-    node_id: str
-    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
-
-class WatchDirectivesResponse(_message.Message):
-    __slots__ = ("directive",)
-    DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
-    directive: _executor_pb2.Directive
-    def __init__(self, directive: _Optional[_Union[_executor_pb2.Directive, _Mapping]] = ...) -> None: ...
 
 class GetReportRequest(_message.Message):
     __slots__ = ()

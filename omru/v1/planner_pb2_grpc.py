@@ -56,11 +56,6 @@ class PlannerServiceStub:
                 request_serializer=omru_dot_v1_dot_planner__pb2.WatchJobsRequest.SerializeToString,
                 response_deserializer=omru_dot_v1_dot_planner__pb2.WatchJobsResponse.FromString,
                 _registered_method=True)
-        self.WatchDirectives = channel.unary_stream(
-                '/omru.v1.PlannerService/WatchDirectives',
-                request_serializer=omru_dot_v1_dot_planner__pb2.WatchDirectivesRequest.SerializeToString,
-                response_deserializer=omru_dot_v1_dot_planner__pb2.WatchDirectivesResponse.FromString,
-                _registered_method=True)
         self.GetReport = channel.unary_unary(
                 '/omru.v1.PlannerService/GetReport',
                 request_serializer=omru_dot_v1_dot_planner__pb2.GetReportRequest.SerializeToString,
@@ -101,13 +96,6 @@ class PlannerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def WatchDirectives(self, request, context):
-        """Streams the directives for one node (each executor subscribes).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def GetReport(self, request, context):
         """Returns the report of the batch so far.
         """
@@ -137,11 +125,6 @@ def add_PlannerServiceServicer_to_server(servicer, server):
                     servicer.WatchJobs,
                     request_deserializer=omru_dot_v1_dot_planner__pb2.WatchJobsRequest.FromString,
                     response_serializer=omru_dot_v1_dot_planner__pb2.WatchJobsResponse.SerializeToString,
-            ),
-            'WatchDirectives': grpc.unary_stream_rpc_method_handler(
-                    servicer.WatchDirectives,
-                    request_deserializer=omru_dot_v1_dot_planner__pb2.WatchDirectivesRequest.FromString,
-                    response_serializer=omru_dot_v1_dot_planner__pb2.WatchDirectivesResponse.SerializeToString,
             ),
             'GetReport': grpc.unary_unary_rpc_method_handler(
                     servicer.GetReport,
@@ -259,33 +242,6 @@ class PlannerService:
             '/omru.v1.PlannerService/WatchJobs',
             omru_dot_v1_dot_planner__pb2.WatchJobsRequest.SerializeToString,
             omru_dot_v1_dot_planner__pb2.WatchJobsResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def WatchDirectives(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/omru.v1.PlannerService/WatchDirectives',
-            omru_dot_v1_dot_planner__pb2.WatchDirectivesRequest.SerializeToString,
-            omru_dot_v1_dot_planner__pb2.WatchDirectivesResponse.FromString,
             options,
             channel_credentials,
             insecure,

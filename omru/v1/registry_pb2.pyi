@@ -1,4 +1,5 @@
 from omru.v1 import common_pb2 as _common_pb2
+from omru.v1 import executor_pb2 as _executor_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -282,3 +283,21 @@ class WatchClusterResponse(_message.Message):
     revision: int
     events: _containers.RepeatedCompositeFieldContainer[ClusterEvent]
     def __init__(self, revision: _Optional[int] = ..., events: _Optional[_Iterable[_Union[ClusterEvent, _Mapping]]] = ...) -> None: ...
+
+class WatchAllocationsRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class WatchAllocationsResponse(_message.Message):
+    __slots__ = ("revision", "snapshot", "allocations", "removed_job_ids")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    snapshot: bool
+    allocations: _containers.RepeatedCompositeFieldContainer[_executor_pb2.Directive]
+    removed_job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[bool] = ..., allocations: _Optional[_Iterable[_Union[_executor_pb2.Directive, _Mapping]]] = ..., removed_job_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -102,6 +102,11 @@ class RegistryServiceStub:
                 request_serializer=omru_dot_v1_dot_registry__pb2.WatchClusterRequest.SerializeToString,
                 response_deserializer=omru_dot_v1_dot_registry__pb2.WatchClusterResponse.FromString,
                 _registered_method=True)
+        self.WatchAllocations = channel.unary_stream(
+                '/omru.v1.RegistryService/WatchAllocations',
+                request_serializer=omru_dot_v1_dot_registry__pb2.WatchAllocationsRequest.SerializeToString,
+                response_deserializer=omru_dot_v1_dot_registry__pb2.WatchAllocationsResponse.FromString,
+                _registered_method=True)
 
 
 class RegistryServiceServicer:
@@ -204,6 +209,15 @@ class RegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchAllocations(self, request, context):
+        """Streams the allocations of one node (the planner's desired state for it):
+        first every allocation the node holds now, then each change; the whole
+        set again after a compaction. Executors reconcile their workers to it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RegistryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -271,6 +285,11 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     servicer.WatchCluster,
                     request_deserializer=omru_dot_v1_dot_registry__pb2.WatchClusterRequest.FromString,
                     response_serializer=omru_dot_v1_dot_registry__pb2.WatchClusterResponse.SerializeToString,
+            ),
+            'WatchAllocations': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchAllocations,
+                    request_deserializer=omru_dot_v1_dot_registry__pb2.WatchAllocationsRequest.FromString,
+                    response_serializer=omru_dot_v1_dot_registry__pb2.WatchAllocationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -627,6 +646,33 @@ class RegistryService:
             '/omru.v1.RegistryService/WatchCluster',
             omru_dot_v1_dot_registry__pb2.WatchClusterRequest.SerializeToString,
             omru_dot_v1_dot_registry__pb2.WatchClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchAllocations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/omru.v1.RegistryService/WatchAllocations',
+            omru_dot_v1_dot_registry__pb2.WatchAllocationsRequest.SerializeToString,
+            omru_dot_v1_dot_registry__pb2.WatchAllocationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

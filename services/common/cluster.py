@@ -335,21 +335,17 @@ class LocalCluster:
             registry = self._service("registry", "registry", "--port", "0", "--etcd", self.etcd_endpoint)
             wait_ready([registry], self.ready_timeout)
             profiler = self._service("profiler", "profiler", "--port", "0", "--etcd", self.etcd_endpoint, "--registry", registry.address)
-            # Executors subscribe to the planner's directives (retrying until it is up), so its
-            # port is fixed before they start.
-            planner_port = self.planner_port or free_port(self.host)
-            planner_address = f"{self.host}:{planner_port}"
             executors = [
                 self._service(
                     f"executor-{i}", "executor", "--port", "0", "--node-id", f"node-{i}", "--registry", registry.address,
-                    "--planner", planner_address, "--slots", str(self.slots), "--ttl", str(self.ttl),
+                    "--slots", str(self.slots), "--ttl", str(self.ttl),
                     "--work-dir", str(self.work_dir / f"node-{i}"), *([] if self.warm_workers else ["--no-warm-workers"]),
                 )
                 for i in range(self.nodes)
             ]
             wait_ready([profiler], self.ready_timeout)  # the planner needs its address
             planner = self._service(
-                "planner", "planner", "--port", str(planner_port), "--etcd", self.etcd_endpoint,
+                "planner", "planner", "--port", str(self.planner_port), "--etcd", self.etcd_endpoint,
                 "--registry", registry.address, "--profiler", profiler.address, *self.planner_args,
             )
             wait_ready([planner, *executors], self.ready_timeout)

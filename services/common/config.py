@@ -40,6 +40,7 @@ def check_endpoint(name: str, value: str) -> str:
 
 #: Identities (certificate CN and DNS SAN, see deploy/make-certs.sh) of the services.
 PLANNER_IDENTITY = "omru-planner"
+REGISTRY_IDENTITY = "omru-registry"
 PROFILER_IDENTITY = "omru-profiler"
 
 
@@ -180,7 +181,6 @@ class ExecutorConfig:
     node_id: str
     server: ServerConfig = field(default_factory=ServerConfig)
     registry: str = "127.0.0.1:0"
-    planner: str = ""
     slots: int = 2
     ttl_seconds: int = 5
     advertise_host: str = ""
@@ -188,17 +188,17 @@ class ExecutorConfig:
     max_restarts: int = 2
     warm_workers: bool = True  # a worker with torch imported waits on each device (no import at job start)
     planner_identity: str = PLANNER_IDENTITY  # with mutual TLS: who may send directives
+    registry_identity: str = REGISTRY_IDENTITY  # with mutual TLS: whose allocations the node follows
     profiler_identity: str = PROFILER_IDENTITY  # with mutual TLS: who may run profiling trials
 
     def __post_init__(self) -> None:
         check_id("node_id", self.node_id)
         check_id("planner_identity", self.planner_identity)
+        check_id("registry_identity", self.registry_identity)
         check_id("profiler_identity", self.profiler_identity)
         if not isinstance(self.max_restarts, int) or not 0 <= self.max_restarts <= 100:
             raise ConfigError(f"max_restarts {self.max_restarts!r} is not in 0..100")
         check_endpoint("registry address", self.registry)
-        if self.planner:
-            check_endpoint("planner address", self.planner)
         if not isinstance(self.slots, int) or not 1 <= self.slots <= 1024:
             raise ConfigError(f"slots {self.slots!r} is not in 1..1024")
         if not isinstance(self.ttl_seconds, int) or not 1 <= self.ttl_seconds <= 3600:

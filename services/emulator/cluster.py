@@ -119,13 +119,12 @@ class EmulatedCluster:
                           "--checkpoint-root", str(self.work_dir / "checkpoints")))
         try:
             self.control.start()
-            planner = self.control.service("planner").address
             registry = self.control.service("registry").address
             ids = [f"node-{i}" for i in range(c.nodes)]
             for p, first in enumerate(range(0, c.nodes, c.nodes_per_process)):
                 argv = [
                     sys.executable, "-m", "services.executor.emulated",
-                    "--registry", registry, "--planner", planner, "--node-ids", ",".join(ids[first:first + c.nodes_per_process]),
+                    "--registry", registry, "--node-ids", ",".join(ids[first:first + c.nodes_per_process]),
                     "--gpus-per-node", str(c.gpus_per_node), "--profiles", str(Path(c.profiles).resolve()),
                     "--speed", repr(c.speed), "--noise", repr(c.noise), "--resize-cost", repr(c.resize_cost_s),
                     "--seed", str(c.seed), "--ttl", str(c.ttl_seconds), "--work-dir", str(self.work_dir / "nodes"),

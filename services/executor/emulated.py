@@ -26,7 +26,7 @@ next epoch boundary.
 `main` runs several emulated nodes in one process, each a real
 ExecutorService on its own port with its own registry lease:
 
-    python -m services.executor.emulated --registry HOST:PORT --planner HOST:PORT \\
+    python -m services.executor.emulated --registry HOST:PORT \\
         --node-ids node-0,node-1 --gpus-per-node 4 --profiles CSV [--task T] \\
         --speed 100 [--noise 0.1] [--resize-cost 30] [--seed 0] --work-dir DIR
 """
@@ -222,6 +222,8 @@ class EmulatedGroup:
             seconds = true_s * noise_factor(em.seed, self.spec.job_id, epoch, em.noise)
             await asyncio.sleep(seconds / em.speed)
             self._check_peers(peers)
+            if self.attempt.lease_lapsed():
+                raise RuntimeError(f"node lease lapsed during epoch {epoch}: stopped without a checkpoint")
             self._checkpoint(epoch)
             accuracy = 1 - 0.9 ** epoch
             self._emit("epoch_done", epoch=epoch, epochs=self.spec.epochs, epoch_seconds=seconds, loss=1 - accuracy,
@@ -333,7 +335,7 @@ async def serve(args: argparse.Namespace) -> None:
         for node_id in args.node_ids:
             config = cfg.ExecutorConfig(
                 node_id=node_id, server=cfg.ServerConfig(host=args.host, port=0, auth_token=token),
-                registry=args.registry, planner=args.planner, slots=args.gpus_per_node, ttl_seconds=args.ttl,
+                registry=args.registry, slots=args.gpus_per_node, ttl_seconds=args.ttl,
                 work_dir=Path(args.work_dir) / node_id, warm_workers=False)
             started.append(await server.start(config, runtime=EmulatedRuntime(emulation, node_id, args.gpus_per_node),
                                               node_gpus=emulated_gpus(args.gpus_per_node)))
@@ -348,7 +350,6 @@ async def serve(args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m services.executor.emulated", description=__doc__.splitlines()[0])
     p.add_argument("--registry", required=True)
-    p.add_argument("--planner", required=True)
     p.add_argument("--node-ids", required=True, type=lambda s: s.split(","), help="comma-separated node ids")
     p.add_argument("--gpus-per-node", type=int, required=True)
     p.add_argument("--profiles", required=True, help="profile CSV (omru simulate's contract)")

@@ -16,7 +16,7 @@ from services.common import config as cfg
 from services.common import gpus
 from services.common.channels import open_channel
 from services.common.server import RunningServer, Service, run_main, serve_forever, service_name, start_server
-from services.executor.servicer import DirectiveSubscription, ExecutorServicer, RegistryClaims, devices_of
+from services.executor.servicer import AllocationWatch, ExecutorServicer, RegistryClaims, devices_of
 from services.executor.supervisor import Supervisor
 from services.registry.membership import NodeMembership
 
@@ -25,19 +25,21 @@ async def start(config: cfg.ExecutorConfig, servicer=None, runtime=None,
                 node_gpus: list | None = None) -> tuple[RunningServer, NodeMembership]:
     """Start the executor and register its node; returns the server and the membership.
 
-    Unless a servicer is given, the ExecutorService runs a Supervisor whose
-    GPU claims go through the registry; with config.planner set it also
-    applies the directives the planner streams for this node. With mutual TLS
-    directives are accepted only from the planner's identity (and trials
-    from the profiler's), and the planner's server must present a
-    certificate naming config.planner_identity. Stopping the
-    server stops the subscription, then every worker (GPUs released), then
+    Unless a servicer is given, the ExecutorService runs a Supervisor that
+    keeps the node's workers at its allocations (AllocationWatch; the lease
+    file the workers read follows the node's lease, and a lost lease ends
+    every allocated job at once); directives sent by call (profiling trials)
+    claim their GPUs through the registry. With mutual TLS those are accepted
+    only from the planner's identity (and trials from the profiler's).
+    Stopping the server stops the watch, then every worker, then
     deregisters the node. runtime and node_gpus replace the worker processes
     and the detected GPUs (the emulated cluster, services/executor/emulated.py).
     """
     node_gpus = node_gpus if node_gpus is not None else gpus.detect(config.slots)
     tls = config.server.client_tls
-    channel = open_channel(config.registry, token=config.server.auth_token, tls=tls)
+    # the node runs what the registry's allocations say: with TLS, only a registry's certificate will do
+    channel = open_channel(config.registry, token=config.server.auth_token, tls=tls,
+                           server_name=config.registry_identity if tls is not None else "")
     supervisor = None
     if servicer is None:
         supervisor = Supervisor(config.node_id, devices_of(node_gpus), RegistryClaims(channel),
@@ -48,22 +50,18 @@ async def start(config: cfg.ExecutorConfig, servicer=None, runtime=None,
     service = Service(executor_pb2_grpc.add_ExecutorServiceServicer_to_server, servicer, service_name(executor_pb2, "ExecutorService"))
     running = await start_server(config.server, [service])
     host = config.advertise_host or (config.server.host if config.server.host not in ("0.0.0.0", "[::]") else socket.gethostname())
-    membership = NodeMembership(channel, config.node_id, f"{host}:{running.port}", node_gpus, config.ttl_seconds)
+    membership = NodeMembership(channel, config.node_id, f"{host}:{running.port}", node_gpus, config.ttl_seconds,
+                                **(dict(on_renewed=supervisor.renewed, on_lost=supervisor.fence) if supervisor else {}))
     try:
         await membership.start()
     except BaseException:
         await running.stop(0)
         await channel.close()
         raise
-    if supervisor is not None and config.planner:
-        # with mutual TLS the planner's certificate must name planner_identity
-        planner_channel = open_channel(config.planner, token=config.server.auth_token, tls=tls,
-                                       server_name=config.planner_identity)
-        subscription = DirectiveSubscription(planner_channel, supervisor)
-        subscription.start()
-        running.on_stop.append(subscription.stop)
-        running.on_stop.append(planner_channel.close)
     if supervisor is not None:
+        watch = AllocationWatch(channel, supervisor)
+        watch.start()
+        running.on_stop.append(watch.stop)
         await supervisor.warm_up()
         running.on_stop.append(supervisor.close)
     running.on_stop.append(membership.stop)
@@ -82,7 +80,6 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
     cfg.add_server_args(parser)
     parser.add_argument("--node-id", default=socket.gethostname(), help="id of this node (default: the host name)")
     parser.add_argument("--registry", required=True, help="registry address host:port")
-    parser.add_argument("--planner", default="", help="planner address host:port (directives)")
     parser.add_argument("--slots", type=int, default=2, help="CPU slots to offer when NVML finds no GPU")
     parser.add_argument("--ttl", type=int, default=5, help="node lease TTL in seconds")
     parser.add_argument("--advertise-host", default="", help="host other nodes reach this executor at")
@@ -92,6 +89,8 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
                         help="start every worker cold (default: one waits per device with torch imported)")
     parser.add_argument("--planner-identity", default=cfg.PLANNER_IDENTITY,
                         help="with --tls-ca: certificate name (CN/SAN) of the planner, the only sender of directives")
+    parser.add_argument("--registry-identity", default=cfg.REGISTRY_IDENTITY,
+                        help="with --tls-ca: certificate name of the registry, whose allocations this node follows")
     parser.add_argument("--profiler-identity", default=cfg.PROFILER_IDENTITY,
                         help="with --tls-ca: certificate name of the profiler, which may run profiling trials")
     args = parser.parse_args(argv)
@@ -99,7 +98,6 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
         node_id=args.node_id,
         server=cfg.server_config_from_args(args, env),
         registry=args.registry,
-        planner=args.planner,
         slots=args.slots,
         ttl_seconds=args.ttl,
         advertise_host=args.advertise_host,
@@ -107,6 +105,7 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
         max_restarts=args.max_restarts,
         warm_workers=not args.no_warm_workers,
         planner_identity=args.planner_identity,
+        registry_identity=args.registry_identity,
         profiler_identity=args.profiler_identity,
     )
 

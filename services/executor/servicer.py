@@ -7,9 +7,9 @@ refused directive changes nothing. With mutual TLS, directives come only
 from the planner's certificate identity, and profiling trials (a START with
 profile options, a STOP of a trial) also from the profiler's; any other
 caller gets PERMISSION_DENIED naming the identity it presented. `RegistryClaims` is GPU ownership through
-the registry; `DirectiveSubscription` applies the directives a planner
-streams for this node (PlannerService.WatchDirectives), reconnecting with
-backoff.
+the registry for directives sent by call (profiling trials); `AllocationWatch`
+keeps the node's workers at the allocations the planner wrote for it (the
+planner holds their GPU claims).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Sequence
 
 import grpc
 
-from omru.v1 import common_pb2, executor_pb2, executor_pb2_grpc, planner_pb2, planner_pb2_grpc, registry_pb2, registry_pb2_grpc
+from omru.v1 import common_pb2, executor_pb2, executor_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services.common.errors import abort, abort_invalid
 from services.common.logging import get_logger
 from services.common.server import peer_identities
@@ -144,26 +144,31 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
             yield executor_pb2.WatchEventsResponse(event=convert.event(event))
 
 
-class DirectiveSubscription:
-    """Streams PlannerService.WatchDirectives(node_id) and applies each directive.
+class AllocationWatch:
+    """Keeps the node's workers at its allocations (RegistryService.WatchAllocations).
 
-    A directive the supervisor refuses is logged and reported as a FAILED
-    event of its job (the planner watches events), so nothing waits on it.
-    A broken stream is reopened after a backoff that doubles up to
-    max_backoff_s; directives re-sent after a reconnect are acknowledged as
-    duplicates by the supervisor.
+    The stream begins with the node's whole desired state (a snapshot), then
+    every change; each is reconciled at once: an allocation starts its job's
+    attempt or moves the job to it (at the next epoch boundary), a removed one
+    stops the job. A job running here under an allocation the snapshot lacks
+    is stopped. An allocation the supervisor refuses is reported as a FAILED
+    event naming the refusal (the planner puts the job back to wait). Changes
+    older than the newest revision seen are ignored. A broken stream is
+    reopened after a backoff that doubles up to max_backoff_s.
     """
 
     def __init__(self, channel: grpc.aio.Channel, supervisor: Supervisor, initial_backoff_s: float = 0.2,
                  max_backoff_s: float = 5.0) -> None:
-        self.stub = planner_pb2_grpc.PlannerServiceStub(channel)
+        self.stub = registry_pb2_grpc.RegistryServiceStub(channel)
         self.supervisor = supervisor
         self.initial_backoff_s, self.max_backoff_s = initial_backoff_s, max_backoff_s
         self.connected = asyncio.Event()
+        self.revision = 0  # newest revision reconciled
+        self.desired: dict[str, executor_pb2.Directive] = {}  # job -> its allocation of this node
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="directive-subscription")
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="allocation-watch")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -176,27 +181,39 @@ class DirectiveSubscription:
         node_id = self.supervisor.node_id
         while True:
             try:
-                call = self.stub.WatchDirectives(planner_pb2.WatchDirectivesRequest(node_id=node_id))
-                await call.wait_for_connection()
-                self.connected.set()
-                backoff = self.initial_backoff_s
-                async for response in call:
-                    await self.apply(response.directive)
-                log.info("directive_stream_ended", node_id=node_id)
+                async for response in self.stub.WatchAllocations(registry_pb2.WatchAllocationsRequest(node_id=node_id)):
+                    self.connected.set()
+                    backoff = self.initial_backoff_s
+                    await self.reconcile(response)
+                log.info("allocation_stream_ended", node_id=node_id)
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                log.warning("directive_stream_broken", node_id=node_id, code=exc.code().name, details=exc.details(),
+                log.warning("allocation_stream_broken", node_id=node_id, code=exc.code().name, details=exc.details(),
                             retry_in_s=backoff)
             self.connected.clear()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.max_backoff_s)
 
-    async def apply(self, d: executor_pb2.Directive) -> None:
-        """Apply one streamed directive; a refusal becomes a FAILED event."""
-        try:
-            await self.supervisor.apply(convert.directive(d))
-        except (DirectiveError, ConflictError, RegistryUnavailable) as exc:
-            log.warning("directive_refused", directive_id=d.directive_id, job_id=d.job.job_id, error=str(exc))
-            self.supervisor.events.append(d.job.job_id, EventKind.FAILED, attempt_id=d.attempt_id,
-                                          message=f"directive {d.directive_id!r} {REFUSED}: {exc}")
+    async def reconcile(self, response: registry_pb2.WatchAllocationsResponse) -> None:
+        """Bring the workers to one response of the stream."""
+        if response.revision < self.revision:
+            log.warning("stale_allocations_ignored", revision=response.revision, newest=self.revision)
+            return
+        self.revision = response.revision
+        removed = list(response.removed_job_ids)
+        if response.snapshot:
+            wanted = {d.job.job_id for d in response.allocations}
+            removed += [j for j in self.desired if j not in wanted]
+            removed += [v.job_id for v in self.supervisor.jobs() if v.allocated and v.state.active and v.job_id not in wanted]
+        for job_id in dict.fromkeys(removed):
+            gone = self.desired.pop(job_id, None)
+            await self.supervisor.deallocate(job_id, [convert.gpu(g) for g in gone.gpus] if gone else [])
+        for d in response.allocations:
+            self.desired[d.job.job_id] = d
+            try:
+                await self.supervisor.allocate(convert.directive(d))
+            except (DirectiveError, ConflictError) as exc:
+                log.warning("allocation_refused", attempt_id=d.attempt_id, job_id=d.job.job_id, error=str(exc))
+                self.supervisor.events.append(d.job.job_id, EventKind.FAILED, attempt_id=d.attempt_id,
+                                              message=f"directive {d.directive_id!r} {REFUSED}: {exc}")

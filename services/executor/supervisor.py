@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import AsyncIterator, Protocol, Sequence
 
@@ -106,6 +106,7 @@ class Directive:
     attempt_id: str = ""
     checkpoint_dir: str = ""
     profile: ProfileSpec | None = None
+    allocated: bool = False  # from the node's allocation: the planner holds the GPU claims
 
 
 class EventKind(str, enum.Enum):
@@ -161,6 +162,7 @@ class JobView:
     profile: bool
     worker_pids: tuple[int, ...]
     message: str
+    allocated: bool = False
 
 
 class DirectiveError(ValueError):
@@ -319,6 +321,7 @@ class _Job:
     group: WorkerGroup | None = None
     task: asyncio.Task | None = None
     pending: Directive | None = None
+    allocated: bool = False  # run for the node's allocation (the planner claims and releases its GPUs)
     started_ranks: set[int] = field(default_factory=set)
     note: str = ""
     message: str = ""
@@ -364,6 +367,7 @@ class Supervisor:
             self._own_tmp = tempfile.TemporaryDirectory(prefix=f"omru-executor-{node_id}-")
             work_dir = self._own_tmp.name
         self.work_dir = Path(work_dir)
+        self.lease_file = self.work_dir / "lease"  # until when the node's lease holds (`renewed`)
         self.events = EventLog(node_id)
         self._jobs: dict[str, _Job] = {}
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -376,6 +380,20 @@ class Supervisor:
             for device in sorted(set(self.devices.values())):
                 await self.pool.prepare(worker_env(dict(os.environ), device))
 
+    def renewed(self, deadline_unix_s: float) -> None:
+        """The node's lease surely holds until deadline_unix_s: the ranks of allocated jobs read it (and
+        stop without checkpointing once it passed, as when this executor is paused or killed)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.lease_file.with_suffix(".tmp")
+        tmp.write_text(repr(deadline_unix_s))
+        os.replace(tmp, self.lease_file)
+
+    def _lease_lapsed(self) -> bool:
+        try:
+            return time.time() > float(self.lease_file.read_text())
+        except (OSError, ValueError):
+            return False
+
     # --- queries ---------------------------------------------------------------------
 
     def jobs(self) -> list[JobView]:
@@ -386,7 +404,7 @@ class Supervisor:
         pids = tuple(p.pid for r, p in sorted(group.procs.items()) if p.returncode is None) if group and job.state.active else ()
         return JobView(job.job_id, job.state, job.attempt_base,
                        tuple(job.gpus[r] for r in local_ranks(job.gpus, self.node_id)), len(job.gpus),
-                       job.epochs_done, job.restarts, job.profile is not None, pids, job.message)
+                       job.epochs_done, job.restarts, job.profile is not None, pids, job.message, job.allocated)
 
     # --- directives ------------------------------------------------------------------
 
@@ -404,6 +422,36 @@ class Supervisor:
             while len(self._seen) > SEEN_DIRECTIVES:
                 self._seen.popitem(last=False)
             return False
+
+    async def allocate(self, d: Directive) -> None:
+        """Bring the job to the attempt its allocation names (idempotent): start it, or move it at its
+        next epoch boundary when another attempt runs here. DirectiveError / ConflictError: refused."""
+        job = self._jobs.get(d.job_id)
+        if job is not None and job.state.active and d.attempt_id in (
+                job.attempt_base, job.pending.attempt_id if job.pending else None):
+            return
+        await self.apply(replace(d, kind=DirectiveKind.RESIZE, allocated=True))
+
+    async def deallocate(self, job_id: str, gpus: Sequence[Gpu]) -> None:
+        """The job's allocation of this node is gone: stop it at its next epoch boundary; when nothing of
+        it runs here, report its GPUs (those of the allocation) as released at once."""
+        job = self._jobs.get(job_id)
+        if job is not None and job.state.active and job.profile is None:
+            await self.apply(Directive(f"{job.attempt_base}-deallocated", DirectiveKind.STOP, job_id))
+        elif gpus and (job is None or not job.state.active):
+            self.events.append(job_id, EventKind.GPUS_RELEASED, gpus=tuple(g for g in gpus if g.node_id == self.node_id),
+                               message="allocation removed before it ran here")
+
+    async def fence(self, why: str) -> None:
+        """The node's lease is lost (the planner gives its GPUs to others): end every allocated job at
+        once, without another checkpoint, so nothing trains on after it."""
+        async with self._lock:
+            for job in [j for j in self._jobs.values() if j.allocated and j.state.active]:
+                job.pending = None
+                if job.state is not JobState.STOPPING:
+                    job.move(JobState.STOPPING, why)
+                if job.group is not None:
+                    await job.group.terminate()
 
     def _local(self, d: Directive) -> list[tuple[int, Gpu]]:
         """(rank, GPU) of the directive's ranks on this node; DirectiveError when the node cannot host them."""
@@ -473,9 +521,10 @@ class Supervisor:
         checkpoint_dir = self._checkpoint_dir(d, attempt_base)
         if d.profile is None:
             await self._check_checkpoint(d.spec, checkpoint_dir)
-        await self.claims.claim(d.job_id, gpus)
+        if not d.allocated:
+            await self.claims.claim(d.job_id, gpus)
         job = _Job(spec=d.spec, gpus=d.gpus, rendezvous=d.rendezvous, attempt_base=attempt_base,
-                   checkpoint_dir=checkpoint_dir, profile=d.profile)
+                   checkpoint_dir=checkpoint_dir, profile=d.profile, allocated=d.allocated)
         self._jobs[d.job_id] = job
         job.task = asyncio.get_running_loop().create_task(self._run(job), name=f"job-{d.job_id}")
 
@@ -491,7 +540,7 @@ class Supervisor:
             raise DirectiveError("directive.job", f"differs from the running job {d.job_id!r} (model, classes or input)")
         new = [g for _, g in self._local(d)]
         self._check_free(d.job_id, new)
-        if new:
+        if new and not d.allocated:
             await self.claims.claim(d.job_id, new)
         previous = job.pending
         job.pending = d
@@ -546,7 +595,7 @@ class Supervisor:
         return AttemptSpec(attempt_id=attempt_id, world_size=len(job.gpus), rendezvous=rendezvous,
                            checkpoint_dir=job.checkpoint_dir, devices=devices,
                            stop_file=os.path.join(job.checkpoint_dir, f".stop-{attempt_id}"), profile=job.profile,
-                           timeout_s=self.rendezvous_timeout_s)
+                           timeout_s=self.rendezvous_timeout_s, lease_file=str(self.lease_file) if job.allocated else "")
 
     async def _run(self, job: _Job) -> None:
         try:
@@ -636,8 +685,8 @@ class Supervisor:
                         job.profile is not None)
         log.info("attempt_exited", job_id=job.job_id, attempt_id=job.attempt.attempt_id, outcome=result.outcome,
                  state=job.state.value, action=action.value, message=result.message, returncodes=result.returncodes)
-        if self._closing and action in (Action.RESTART, Action.MOVE):
-            action = Action.STOP
+        if (self._closing or job.allocated and self._lease_lapsed()) and action in (Action.RESTART, Action.MOVE):
+            action = Action.STOP  # (a node whose lease lapsed starts nothing: its allocations are gone)
         if action is Action.FINISH:
             self._report_final(job, result)
             await self._end(job, JobState.FINISHED, f"finished {job.epochs_done} epochs" if job.profile is None
@@ -708,7 +757,8 @@ class Supervisor:
             return
         note = ""
         try:
-            await self.claims.release(job.job_id, gpus)
+            if not job.allocated:
+                await self.claims.release(job.job_id, gpus)
         except Exception as exc:  # the node lease drops the claims anyway when the registry is gone
             note = f"registry release failed: {exc}"
             log.warning("gpu_release_failed", job_id=job.job_id, gpus=[str(g) for g in gpus], error=str(exc))

@@ -16,12 +16,16 @@ keeps going meanwhile.
 
 Following (`_follow`, on every event that frees GPUs or brings a job to a
 planned move) begins the planned steps whose time has really come, on exactly
-the planned GPUs and in the planned order per GPU (follow.py): claim the GPUs
-in the registry (an etcd create-if-absent per GPU) and send START / RESIZE
-directives to the executors of every node involved (direct calls with
-deadlines, and to WatchDirectives subscribers). A resized job moves at its
-next epoch boundary (the executor checkpoints, releases and restarts it with
-the learning rate rescaled).
+the planned GPUs and in the planned order per GPU (follow.py), by writing
+desired state: one etcd transaction (fenced by the leader key) claims the
+GPUs the job gains, stores its record and writes its allocation (the attempt
+to run, as an executor Directive) for each node it will run on, removing
+those of the nodes it leaves. Executors watch their node's allocations and
+reconcile (services/executor/servicer.py AllocationWatch): a resized job
+moves at its next epoch boundary (the executor checkpoints, releases and
+restarts it with the learning rate rescaled). A GPU's claim is given up when
+its executor reports it released (or its node is lost), never before: the
+planner's view of free GPUs never runs ahead of the executors.
 
 Profiles: a job submitted with epoch times (workload `profile:`) uses them;
 otherwise the profiler service measures it. Every epoch an executor reports
@@ -148,7 +152,7 @@ class Dispatcher:
         self._tasks: list[asyncio.Task] = []
         self._dirty = asyncio.Event()
         self._job_watchers: set[asyncio.Queue] = set()
-        self._directive_watchers: dict[str, set[asyncio.Queue]] = {}
+        self.owner: dict[Gpu, str] = {}  # GPU -> the job whose claim holds it (this planner writes claims)
         self._profiling: set[str] = set()
         self._measured: set[str] = set()  # attempts whose start overhead is measured
         self._lock = asyncio.Lock()
@@ -174,6 +178,7 @@ class Dispatcher:
             self.plan_version = plan["version"]
             self.policy_in_force = plan["policy"]
         self.records = {r.job_id: r for r in await self.state.jobs()}
+        self.owner = await self.state.claims()
         self._tasks = [asyncio.create_task(self._follow_cluster()), asyncio.create_task(self._replan_loop()),
                        asyncio.create_task(self._follow_loop())]
         self.poke()
@@ -234,19 +239,14 @@ class Dispatcher:
     def unwatch_jobs(self, q: asyncio.Queue) -> None:
         self._job_watchers.discard(q)
 
-    def watch_directives(self, node_id: str) -> asyncio.Queue:
-        q: asyncio.Queue = asyncio.Queue()
-        self._directive_watchers.setdefault(node_id, set()).add(q)
-        return q
-
-    def unwatch_directives(self, node_id: str, q: asyncio.Queue) -> None:
-        self._directive_watchers.get(node_id, set()).discard(q)
-
     async def _update(self, job_id: str, change) -> JobRecord | None:
-        r = await self.state.update_job(job_id, change)
+        return self._stored(await self.state.update_job(job_id, change, self.records.get(job_id)))
+
+    def _stored(self, r: JobRecord | None) -> JobRecord | None:
+        """Keep a record just written (never an older version) and tell the watchers."""
         if r is not None:
-            if r.revision >= getattr(self.records.get(job_id), "revision", 0):  # never an older version
-                self.records[job_id] = r
+            if r.revision >= getattr(self.records.get(r.job_id), "revision", 0):
+                self.records[r.job_id] = r
             for q in list(self._job_watchers):
                 q.put_nowait(r)
         return r
@@ -274,10 +274,9 @@ class Dispatcher:
         r = await self.state.job(job_id)
         if r is None or r.terminal:
             return r
-        await self._send_stop(r, r.gpus + r.target, reason="cancelled")
+        await self._deallocate(r, r.gpus + r.target)  # its GPUs come back as its executors release them
         r = await self._update(job_id, lambda c: None if c.terminal else replace(
             c, state=st.CANCELLED, finished_s=time.time(), message="cancelled by a client"))
-        await self._release(job_id)
         self.poke()
         return r
 
@@ -333,16 +332,17 @@ class Dispatcher:
         if t:
             t.cancel()
         log.warning("node_lost", node=node_id)
+        for g in [g for g in self.owner if g[0] == node_id]:  # its claims went with its lease
+            del self.owner[g]
         for r in list(self.records.values()):
             if not r.terminal and any(g[0] == node_id for g in r.gpus + r.target):
                 await self._requeue(r, f"node {node_id} lost")
 
     async def _requeue(self, r: JobRecord, why: str) -> None:
-        """Stop the job's attempt wherever it runs, give its GPUs back, and let it wait for the next plan
-        (it resumes from its last checkpoint)."""
+        """Stop the job's attempt wherever it runs and let it wait for the next plan (it resumes from its
+        last checkpoint); its GPUs come back as its executors release them."""
         self._after_release.pop(r.job_id, None)
-        await self._send_stop(r, [g for g in r.gpus + r.target if g[0] in self.nodes], reason=why)
-        await self._release(r.job_id)
+        await self._deallocate(r, [g for g in r.gpus + r.target if g[0] in self.nodes])
         await self._update(r.job_id, lambda c: None if c.terminal else replace(
             c, state=st.WAITING, gpus=(), target=(), world_size=0, attempt=c.attempt + 1,
             message=f"{why}; resumes from its last checkpoint"))
@@ -407,31 +407,54 @@ class Dispatcher:
             self._follow_soon()
         elif e.kind == "gpus_released":
             keep = set() if r.terminal else set(r.target)
-            mine = [g for g in e.gpus if g[0] == e.node_id and g not in keep]
-            if mine or r.terminal:
-                await self._release(r.job_id, mine if not r.terminal else ())
+            await self._release(r.job_id, [g for g in e.gpus if g[0] == e.node_id and g not in keep])
             waiting = self._after_release.get(r.job_id)
             if waiting is not None:  # (released by the old attempt: the event names that one)
-                waiting[2].difference_update(e.gpus)
-                if not waiting[2]:  # the old attempt is gone everywhere: the new one may start
+                waiting[1].difference_update(e.gpus)
+                if not waiting[1]:  # the old attempt is gone everywhere: the new one may start
                     del self._after_release[r.job_id]
-                    await self._send(r, waiting[0], waiting[1])
+                    await self._write(r.job_id, put=waiting[0])
             self._follow_soon()
         elif e.kind == "failed" and current and not r.terminal and is_refusal(e.message):
             await self._requeue(r, f"{e.node_id} refused it ({e.message})")
         elif e.kind == "failed" and current and not r.terminal:
-            await self._send_stop(r, r.gpus + r.target, reason="a rank failed")
+            await self._deallocate(r, r.gpus + r.target)
             await self._update(r.job_id, lambda c: None if c.terminal or c.attempt_id != e.attempt_id else replace(
-                c, state=st.FAILED, finished_s=e.time_s, message=f"failed on {e.node_id}"))
-            await self._release(r.job_id)
+                c, state=st.FAILED, finished_s=e.time_s, message=f"failed on {e.node_id}: {e.message}" if e.message else f"failed on {e.node_id}"))
             self.poke()
 
-    async def _release(self, job_id: str, gpus: Sequence[Gpu] = ()) -> None:
-        from omru.v1 import registry_pb2
-        from services.planner import convert
+    async def _write(self, job_id: str, **change) -> bool:
+        """One desired-state transaction for the job (PlannerState.change); False when a GPU to claim is
+        taken or a node's lease is gone (nothing was written)."""
+        from services.common.etcd import LeaseNotFound
 
-        with contextlib.suppress(Exception):
-            await self._registry().ReleaseGpus(registry_pb2.ReleaseGpusRequest(job_id=job_id, gpus=convert.gpu_refs(gpus)), timeout=5)
+        try:
+            result = await self.state.change(job_id, **change)
+        except LeaseNotFound as exc:
+            log.info("allocation_refused", job_id=job_id, error=str(exc)[:200])
+            return False
+        if not result.succeeded:
+            log.info("claim_refused", job_id=job_id, held=[kv.key for kv in result.existing][:4])
+            return False
+        for g in change.get("claim", ()):
+            self.owner[g] = job_id
+        for g in change.get("release", ()):
+            self.owner.pop(g, None)
+        if change.get("record") is not None:
+            self._stored(replace(change["record"], revision=result.revision))
+        return True
+
+    async def _release(self, job_id: str, gpus: Sequence[Gpu]) -> None:
+        """Give up the job's claims on these GPUs (its executor released them)."""
+        mine = [g for g in gpus if self.owner.get(g) == job_id]
+        if mine:
+            await self._write(job_id, release=mine)
+
+    async def _deallocate(self, r: JobRecord, gpus: Sequence[Gpu]) -> None:
+        """Remove the job's allocation of the nodes of these GPUs (their executors stop it)."""
+        nodes = list(dict.fromkeys(g[0] for g in gpus))
+        if nodes:
+            await self._write(r.job_id, drop=nodes)
 
     # planning ------------------------------------------------------------------------
 
@@ -539,17 +562,25 @@ class Dispatcher:
         """Begin every planned step whose time has really come (follow.py); replan when none can while
         GPUs idle and jobs wait for nothing that runs."""
         gpus = self.live_gpus()
+        owned: dict[str, list[Gpu]] = {}
+        for g, job_id in self.owner.items():
+            owned.setdefault(job_id, []).append(g)
         live = {}
         for r in self.records.values():
+            mine = tuple(owned.pop(r.job_id, ()))
             if r.terminal or not r.profile or r.state not in (st.WAITING, st.STARTING, st.RUNNING, st.RESIZING):
+                if mine:
+                    owned[r.job_id] = list(mine)
                 continue
             waiting = r.state == st.WAITING
             live[r.job_id] = Live(r.job_id, waiting, r.state in (st.STARTING, st.RESIZING),
-                                  () if waiting else tuple(dict.fromkeys(r.gpus + r.target)), r.epochs_done)
+                                  tuple(dict.fromkeys(mine if waiting else r.gpus + r.target + mine)), r.epochs_done)
+        for job_id, mine in owned.items():  # ended (or not the planner's) but not released yet: untouchable
+            live[job_id] = Live(job_id, True, True, tuple(mine), 0)
         moves = follow(self.steps, live, gpus)
         await asyncio.gather(*(self._act(m) for m in moves))
-        if not moves and live and all(j.waiting for j in live.values()) and gpus:
-            self.poke()  # nothing runs and nothing planned can start: the plan is spent or stale
+        if not moves and live and all(j.waiting for j in live.values()) and gpus and not self.owner:
+            self.poke()  # nothing runs or holds a GPU, and nothing planned can start: the plan is spent or stale
         elif self.steps and not self._dirty.is_set():
             now = (time.time() - self._plan_origin) * self.time_scale
             behind = late(self.steps, live, now, REPLAN_LATE * self._plan_makespan)
@@ -672,95 +703,40 @@ class Dispatcher:
     # dispatching ------------------------------------------------------------------
 
     async def _act(self, a: Move) -> None:
-        import grpc
-
-        from omru.v1 import executor_pb2, registry_pb2
+        from omru.v1 import executor_pb2
         from services.planner import convert
 
         r = self.records.get(a.job_id)
         if r is None or r.terminal:
             return
-        try:
-            await self._registry().ClaimGpus(registry_pb2.ClaimGpusRequest(job_id=r.job_id, gpus=convert.gpu_refs(a.gpus)), timeout=5)
-        except grpc.aio.AioRpcError as exc:
-            # (a GPU's last holder has not given its claim back yet: its release is on the way)
-            log.info("claim_refused", job_id=r.job_id, error=(exc.details() or "")[:200])
-            asyncio.get_running_loop().call_later(CLAIM_RETRY_S, self._follow_soon)
-            return
-        old = r.gpus
-        r = await self._update(r.job_id, lambda c: replace(
-            c, state=st.STARTING if a.kind == "start" else st.RESIZING, target=a.gpus, attempt=c.attempt + 1,
-            sent_s=time.time(), message=""))
+        gained = [g for g in a.gpus if self.owner.get(g) != r.job_id]
+        if any(g in self.owner for g in gained):
+            return  # its last holder has not released it yet: that event brings the next pass
+        new = replace(r, state=st.STARTING if a.kind == "start" else st.RESIZING, target=a.gpus,
+                      attempt=r.attempt + 1, sent_s=time.time(), message="")
         # rank 0 binds a port its host has free and publishes it in the shared checkpoint folder (port 0)
         host = self.nodes[a.gpus[0][0]].address.rpartition(":")[0]
-        kind = executor_pb2.DIRECTIVE_KIND_START if a.kind == "start" else executor_pb2.DIRECTIVE_KIND_RESIZE
-        d = convert.directive(kind, r, a.gpus, f"{host}:0", await self._checkpoint_dir(r.job_id),
-                              f"{r.attempt_id}-{a.kind}")
-        log.info("dispatch", job_id=r.job_id, kind=a.kind, gpus=a.gpus, attempt=r.attempt_id)
-        old_nodes, new_nodes = list(dict.fromkeys(g[0] for g in old)), list(dict.fromkeys(g[0] for g in a.gpus))
-        if a.kind == "resize" and not set(old_nodes) & set(new_nodes):
-            # No rank of the new attempt would wait for the old one to stop: the new nodes get the
-            # directive once the old attempt released its GPUs (else both would train an epoch).
-            self._after_release[r.job_id] = (d, new_nodes, set(old))
-            await self._send(r, d, old_nodes)
-        else:
-            await self._send(r, d, list(dict.fromkeys(new_nodes + old_nodes)))
-
-    async def _send(self, r: JobRecord, d, nodes: Sequence[str]) -> None:
-        """Deliver the directive to the nodes; a refusal puts the job back to wait for the next plan."""
-        refusals = [x for x in await asyncio.gather(*(self._deliver(node_id, d) for node_id in nodes)) if x]
-        if refusals:
-            await self._requeue(self.records.get(r.job_id, r), f"a node refused it ({refusals[0]})")
-
-    async def _deliver(self, node_id: str, d) -> str:
-        """Send the directive (stream and call); the refusal's message when the executor refused it."""
-        import grpc
-
-        from omru.v1 import executor_pb2
-
-        for q in list(self._directive_watchers.get(node_id, ())):
-            q.put_nowait(d)
-        if node_id not in self.nodes:
-            return ""
-        stub = self._executor(node_id)
-        try:
-            if d.kind == executor_pb2.DIRECTIVE_KIND_START:
-                try:
-                    await stub.StartJob(executor_pb2.StartJobRequest(directive=d), timeout=10)
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or "already runs" not in (exc.details() or ""):
-                        raise
-                    # ranks of an earlier attempt still run there (a node that came back): move them
-                    moved = executor_pb2.Directive()
-                    moved.CopyFrom(d)
-                    moved.kind = executor_pb2.DIRECTIVE_KIND_RESIZE
-                    moved.directive_id = d.directive_id + "-as-resize"
-                    await stub.ResizeJob(executor_pb2.ResizeJobRequest(directive=moved), timeout=10)
-            elif d.kind == executor_pb2.DIRECTIVE_KIND_RESIZE:
-                await stub.ResizeJob(executor_pb2.ResizeJobRequest(directive=d), timeout=10)
-            else:
-                await stub.StopJob(executor_pb2.StopJobRequest(directive=d), timeout=10)
-        except grpc.aio.AioRpcError as exc:
-            log.warning("directive_failed", node_id=node_id, job_id=d.job.job_id, error=(exc.details() or "")[:300])
-            if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT) and \
-                    d.kind != executor_pb2.DIRECTIVE_KIND_STOP:
-                return f"{node_id}: {exc.details()}"
-        except Exception as exc:
-            log.warning("directive_failed", node_id=node_id, job_id=d.job.job_id, error=str(exc))
-        return ""
+        d = convert.directive(executor_pb2.DIRECTIVE_KIND_START, new, a.gpus, f"{host}:0",
+                              await self._checkpoint_dir(r.job_id), f"{new.attempt_id}-{a.kind}")
+        value = d.SerializeToString(deterministic=True)
+        old_nodes, new_nodes = list(dict.fromkeys(g[0] for g in r.gpus)), list(dict.fromkeys(g[0] for g in a.gpus))
+        put = {n: (value, self.nodes[n].lease_id) for n in new_nodes}
+        # No rank of the new attempt would wait for the old one to stop: the new nodes get their
+        # allocation once the old attempt released its GPUs (else both would train an epoch).
+        later = a.kind == "resize" and not set(old_nodes) & set(new_nodes)
+        ok = await self._write(r.job_id, record=new, claim={g: self.nodes[g[0]].lease_id for g in gained},
+                               put={} if later else put, drop=[n for n in old_nodes if n not in new_nodes])
+        if not ok:  # a GPU is someone else's (a profiling trial) or a node left: try again soon
+            asyncio.get_running_loop().call_later(CLAIM_RETRY_S, self._follow_soon)
+            return
+        if later:
+            self._after_release[r.job_id] = (put, set(r.gpus))
+        log.info("dispatch", job_id=r.job_id, kind=a.kind, gpus=a.gpus, attempt=new.attempt_id)
 
     async def _checkpoint_dir(self, job_id: str) -> str:
         """<root>/<batch>/<job>: the batch is its origin in ms, so a later batch never resumes an old checkpoint."""
         origin = await self.state.origin()
         return f"{self.checkpoint_root}/batch-{int((origin or 0) * 1000)}/{job_id}"
-
-    async def _send_stop(self, r: JobRecord, gpus: Sequence[Gpu], reason: str) -> None:
-        from omru.v1 import executor_pb2
-        from services.planner import convert
-
-        d = convert.directive(executor_pb2.DIRECTIVE_KIND_STOP, r, r.target or r.gpus, "", await self._checkpoint_dir(r.job_id),
-                              f"{r.attempt_id}-stop")
-        await asyncio.gather(*(self._deliver(node_id, d) for node_id in dict.fromkeys(g[0] for g in gpus)))
 
 
 def plan_problem(name: str, problem):

@@ -127,17 +127,6 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         finally:
             self.dispatcher.unwatch_jobs(q)
 
-    async def WatchDirectives(self, request, context):
-        if not request.node_id:
-            await abort_invalid(context, "node_id", "is required")
-        q = self.dispatcher.watch_directives(request.node_id)
-        try:
-            await context.send_initial_metadata(())  # the executor knows it is connected before any directive
-            while True:
-                yield planner_pb2.WatchDirectivesResponse(directive=await q.get())
-        finally:
-            self.dispatcher.unwatch_directives(request.node_id, q)
-
     @grpc_errors
     async def GetReport(self, request, context):
         figures, states, holds, first, origin = await build_report(self.dispatcher)

@@ -12,6 +12,10 @@ Keys (under the store's prefix, JSON values):
     planner/leader                     the leading planner's identity, under its lease; the leader's
                                        writes all require it (EtcdStore.fenced)
 
+and, in the registry's layout (services/registry/convert.py), the desired state
+it alone writes: claims/<node>/<index> (GPU ownership) and allocs/<node>/<job>
+(the attempt each node must run), both bound to the node's lease.
+
 Job records are written with compare-and-swap on their mod revision, so two
 writers never silently overwrite each other; `update_job` retries on a race.
 """
@@ -19,10 +23,11 @@ writers never silently overwrite each other; `update_job` retries on a race.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
-from services.common.etcd import EtcdStore
+from services.common.etcd import EtcdStore, TxnResult
 from services.planner.report import Event
 
 JOBS, PLAN, FIRST_PLAN, ORIGIN, EVENTS, CURSORS, LEADER = (
@@ -125,12 +130,14 @@ class PlannerState:
         result = await self.store.create({JOBS + r.job_id: r.to_json() for r in records})
         return result.succeeded, [kv.key[len(JOBS):] for kv in result.existing]
 
-    async def update_job(self, job_id: str, change: Callable[[JobRecord], JobRecord | None]) -> JobRecord | None:
-        """Apply `change` with compare-and-swap (retried on a race); None = leave unchanged.
+    async def update_job(self, job_id: str, change: Callable[[JobRecord], JobRecord | None],
+                         known: JobRecord | None = None) -> JobRecord | None:
+        """Apply `change` with compare-and-swap (retried on a race); None = leave unchanged. `known`: the
+        record as the caller last saw it (read first when absent or outdated).
 
         Returns the stored record (with its new revision), or None when the job is absent."""
         for _ in range(20):
-            current = await self.job(job_id)
+            current, known = known or await self.job(job_id), None
             if current is None:
                 return None
             new = change(current)
@@ -140,6 +147,35 @@ class PlannerState:
             if result.succeeded:
                 return replace(new, revision=result.revision)
         raise StateRace(f"job {job_id!r} changed 20 times while being updated")
+
+    # --- desired state: GPU claims and allocations -----------------------------
+
+    async def claims(self) -> dict[Gpu, str]:
+        """GPU -> the job that holds it."""
+        from services.registry import convert as keys
+
+        kvs, _ = await self.store.list(keys.CLAIMS)
+        return {(c.gpu.node_id, c.gpu.index): c.job_id for c in map(keys.claim_from_kv, kvs)}
+
+    async def change(self, job_id: str, record: JobRecord | None = None, claim: Mapping[Gpu, int] = {},
+                     put: Mapping[str, tuple[bytes, int]] = {}, drop: Sequence[str] = (),
+                     release: Sequence[Gpu] = ()) -> TxnResult:
+        """One transaction for the job: store `record`, claim the GPUs of `claim` (GPU -> its node's
+        lease; fails, writing nothing, when one is claimed: `existing` names it), write its allocation
+        of each node of `put` (node -> (Directive bytes, the node's lease)), remove those of the nodes of
+        `drop`, give up its claims on `release`. LeaseNotFound when a node's lease is gone."""
+        from omru.v1 import common_pb2, registry_pb2
+        from services.registry import convert as keys
+
+        now = time.time()
+        puts = {keys.claim_key(*g): (keys.encode(registry_pb2.GpuClaim(
+            gpu=common_pb2.GpuRef(node_id=g[0], index=g[1]), job_id=job_id, claimed_unix_s=now)), lease)
+            for g, lease in claim.items()}
+        puts.update({keys.alloc_key(node, job_id): value for node, value in put.items()})
+        if record is not None:
+            puts[JOBS + job_id] = (record.to_json(), 0)
+        deletes = [keys.alloc_key(node, job_id) for node in drop] + [keys.claim_key(*g) for g in release]
+        return await self.store.commit(puts, deletes, absent=[keys.claim_key(*g) for g in claim])
 
     # --- plan and origin ----------------------------------------------------
 
@@ -180,8 +216,8 @@ class PlannerState:
     async def add_event(self, gen: int, event: Event) -> None:
         """Store one event and move the node's cursor past it."""
         key = f"{EVENTS}{event.node_id}/{gen:06d}/{event.seq:012d}"
-        await self.store.put(key, json.dumps(asdict(event)).encode())
-        await self.store.put(CURSORS + event.node_id, json.dumps({"gen": gen, "seq": event.seq}).encode())
+        await self.store.commit({key: (json.dumps(asdict(event)).encode(), 0),
+                                 CURSORS + event.node_id: (json.dumps({"gen": gen, "seq": event.seq}).encode(), 0)})
 
     async def set_cursor(self, node_id: str, gen: int, seq: int) -> None:
         await self.store.put(CURSORS + node_id, json.dumps({"gen": gen, "seq": seq}).encode())

@@ -5,16 +5,19 @@ Layout under the OMRU prefix (values are the serialized messages):
   nodes/<node_id>                 Node      bound to the node's lease
   claims/<node_id>/<index:05d>    GpuClaim  bound to the node's lease
   jobs/<job_id>                   Job
+  allocs/<node_id>/<job_id>       Directive the job's attempt the node must run (the planner's desired
+                                            state), bound to the node's lease
 """
 
 from __future__ import annotations
 
-from omru.v1 import common_pb2, registry_pb2
+from omru.v1 import common_pb2, executor_pb2, registry_pb2
 from services.common.etcd import Kv, Resync, WatchBatch, WatchEvent
 
 NODES = "nodes/"
 CLAIMS = "claims/"
 JOBS = "jobs/"
+ALLOCS = "allocs/"
 Kind = registry_pb2.ClusterEventKind
 
 
@@ -28,6 +31,14 @@ def claim_key(node_id: str, index: int) -> str:
 
 def job_key(job_id: str) -> str:
     return f"{JOBS}{job_id}"
+
+
+def alloc_prefix(node_id: str) -> str:
+    return f"{ALLOCS}{node_id}/"
+
+
+def alloc_key(node_id: str, job_id: str) -> str:
+    return f"{ALLOCS}{node_id}/{job_id}"
 
 
 def claim_prefix(node_id: str) -> str:
@@ -107,3 +118,17 @@ def watch_response(item: WatchBatch | Resync) -> registry_pb2.WatchClusterRespon
     if not events:
         return None
     return registry_pb2.WatchClusterResponse(revision=item.revision, events=events)
+
+
+def allocations_response(item: WatchBatch | Resync) -> registry_pb2.WatchAllocationsResponse:
+    """The WatchAllocations response for one watch batch or resync of a node's allocations."""
+    if isinstance(item, Resync):
+        return registry_pb2.WatchAllocationsResponse(
+            revision=item.revision, snapshot=True, allocations=[executor_pb2.Directive.FromString(kv.value) for kv in item.kvs])
+    response = registry_pb2.WatchAllocationsResponse(revision=item.revision)
+    for e in item.events:
+        if e.kind == "put":
+            response.allocations.append(executor_pb2.Directive.FromString(e.value))
+        else:
+            response.removed_job_ids.append(e.key.rpartition("/")[2])
+    return response

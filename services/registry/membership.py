@@ -4,14 +4,18 @@
 KeepAliveNode every ttl/3 seconds, registers again when the registry says
 NOT_FOUND (the lease expired, e.g. after a long etcd outage), and revokes the
 lease on `stop()` (clean shutdown). A killed node simply stops heartbeating
-and vanishes after its TTL.
+and vanishes after its TTL. `on_renewed(deadline)` hears until when the lease
+surely holds (the send time of the last successful request + TTL);
+`on_lost(why)` is awaited when the lease is found gone, before registering
+again (the node's allocations went with it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Sequence
+import time
+from typing import Awaitable, Callable, Sequence
 
 import grpc
 
@@ -24,19 +28,24 @@ log = get_logger(__name__)
 class NodeMembership:
     """Keeps one node registered while running."""
 
-    def __init__(self, channel: grpc.aio.Channel, node_id: str, address: str, gpus: Sequence[common_pb2.GpuInfo], ttl_seconds: int) -> None:
+    def __init__(self, channel: grpc.aio.Channel, node_id: str, address: str, gpus: Sequence[common_pb2.GpuInfo], ttl_seconds: int,
+                 on_renewed: Callable[[float], None] = lambda deadline: None,
+                 on_lost: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.stub = registry_pb2_grpc.RegistryServiceStub(channel)
         self.node_id = node_id
         self.address = address
         self.gpus = list(gpus)
         self.ttl = ttl_seconds
         self.lease_id = 0
+        self.on_renewed, self.on_lost = on_renewed, on_lost
         self._task: asyncio.Task | None = None
 
     async def register(self) -> registry_pb2.Node:
         request = registry_pb2.RegisterNodeRequest(node_id=self.node_id, address=self.address, gpus=self.gpus, ttl_seconds=self.ttl)
+        sent = time.time()
         response = await self.stub.RegisterNode(request, timeout=max(2.0, self.ttl / 2))
         self.lease_id = response.lease_id
+        self.on_renewed(sent + self.ttl)
         log.info("node_registered", node_id=self.node_id, lease_id=self.lease_id, gpus=len(self.gpus))
         return response.node
 
@@ -59,12 +68,16 @@ class NodeMembership:
         while True:
             await asyncio.sleep(interval)
             try:
+                sent = time.time()
                 await self.stub.KeepAliveNode(
                     registry_pb2.KeepAliveNodeRequest(node_id=self.node_id, lease_id=self.lease_id), timeout=interval
                 )
+                self.on_renewed(sent + self.ttl)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     log.warning("node_lease_lost", node_id=self.node_id, error=exc.details())
+                    if self.on_lost is not None:
+                        await self.on_lost(f"node lease lost: {exc.details()}")
                     with contextlib.suppress(grpc.aio.AioRpcError):
                         await self.register()
                 else:

@@ -152,3 +152,9 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         await context.send_initial_metadata(())
         async for response in self.store.watch(request.after_revision):
             yield response
+
+    @_registry_errors
+    async def WatchAllocations(self, request, context):
+        await _check(context, v.id_problem("node_id", request.node_id))
+        async for response in self.store.watch_allocations(request.node_id):
+            yield response

@@ -11,7 +11,7 @@ import time
 from typing import AsyncIterator, Sequence
 
 from omru.v1 import common_pb2, registry_pb2
-from services.common.etcd import EtcdStore, LeaseNotFound
+from services.common.etcd import EtcdStore, LeaseNotFound, Resync
 from services.registry import convert, jobstates
 from services.registry.convert import claim_key, encode, gpu_name, job_key, node_key
 
@@ -193,6 +193,14 @@ class RegistryStore:
         return updated
 
     # --- watch ---------------------------------------------------------------
+
+    async def watch_allocations(self, node_id: str) -> AsyncIterator[registry_pb2.WatchAllocationsResponse]:
+        """The node's allocations now (a snapshot), then every change to them, forever."""
+        prefix = convert.alloc_prefix(node_id)
+        kvs, revision = await self.etcd.list(prefix)
+        yield convert.allocations_response(Resync(revision, tuple(kvs)))
+        async for item in self.etcd.watch(prefix, revision):
+            yield convert.allocations_response(item)
 
     async def watch(self, after_revision: int) -> AsyncIterator[registry_pb2.WatchClusterResponse]:
         """Every registry change after after_revision (0 = from now), one response per revision."""

@@ -62,11 +62,10 @@ class Executor:
         return Events(self.stub.WatchEvents(executor_pb2.WatchEventsRequest(after_seq=after_seq)))
 
 
-async def start_executor(registry_address: str, node_id: str, slots: int, work_dir, max_restarts: int = 2,
-                         planner: str = "") -> Executor:
+async def start_executor(registry_address: str, node_id: str, slots: int, work_dir, max_restarts: int = 2) -> Executor:
     from services.executor import server
 
-    config = cfg.ExecutorConfig(node_id=node_id, registry=registry_address, planner=planner, slots=slots,
+    config = cfg.ExecutorConfig(node_id=node_id, registry=registry_address, slots=slots,
                                 ttl_seconds=10, work_dir=work_dir, max_restarts=max_restarts)
     running, _membership = await server.start(config)
     channel = open_channel(running.address)

@@ -87,7 +87,7 @@ class MultiHostCluster:
             for node in NODES:
                 h = self.host(node)
                 self._spawn(node, h, "executor", "--port", str(EXECUTOR_PORT), "--advertise-host", h.address,
-                            "--node-id", node, "--registry", registry, "--planner", f"{head}:{PLANNER_PORT}",
+                            "--node-id", node, "--registry", registry,
                             "--slots", str(self.slots), "--ttl", str(self.ttl),
                             "--work-dir", str(self.work_dir / node))
             wait_ready([s for s in self.services.values() if not s.info], self.ready_timeout)

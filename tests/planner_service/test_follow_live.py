@@ -42,9 +42,9 @@ def _moves(problem):
     return Plan("test-move-then-hand-over", tuple(segments))
 
 
-async def emulated_node(node_id: str, registry_address: str, planner_address: str, jobs, tmp_path):
+async def emulated_node(node_id: str, registry_address: str, jobs, tmp_path):
     config = cfg.ExecutorConfig(node_id=node_id, server=cfg.ServerConfig(port=0), registry=registry_address,
-                                planner=planner_address, slots=1, ttl_seconds=5, work_dir=tmp_path / node_id,
+                                slots=1, ttl_seconds=5, work_dir=tmp_path / node_id,
                                 warm_workers=False)
     runtime = EmulatedRuntime(Emulation({j.id: j for j in jobs}, speed=SPEED), node_id, 1)
     running, _ = await executor_server.start(config, runtime=runtime, node_gpus=emulated_gpus(1))
@@ -56,7 +56,7 @@ async def test_a_job_moved_to_another_node_trains_each_epoch_once_and_its_gpu_go
     jobs = [Job("a", 6, {1: 30.0}), Job("b", 3, {1: 30.0})]
     async with planner(etcd.endpoint, registry.address, checkpoint_root=str(tmp_path / "ckpt"),
                        policy="test-move-then-hand-over", time_scale=SPEED, start_overhead_s=0.0) as (running, d, stub):
-        nodes = [await emulated_node(n, registry.address, running.address, jobs, tmp_path) for n in ("node-0", "node-1")]
+        nodes = [await emulated_node(n, registry.address, jobs, tmp_path) for n in ("node-0", "node-1")]
         try:
             await stub.SubmitJobs(planner_pb2.SubmitJobsRequest(
                 jobs=[spec(j.id, epochs=j.epochs) for j in jobs],

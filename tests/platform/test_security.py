@@ -14,13 +14,12 @@ import grpc
 import pytest
 from conftest import start_registry
 
-from omru.v1 import executor_pb2, executor_pb2_grpc, planner_pb2, planner_pb2_grpc, registry_pb2, registry_pb2_grpc
+from omru.v1 import executor_pb2, executor_pb2_grpc, registry_pb2, registry_pb2_grpc
 from platform_helpers import register_request, rpc_error
 from services.common import config as cfg
 from services.common.channels import open_channel
 from services.common.cluster import free_port
 from services.common.etcd import EtcdStore, EtcdUnavailable
-from services.common.server import Service, service_name, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "mtls-token"
@@ -74,11 +73,11 @@ async def mtls_registry(etcd, certs):
     await server.stop(0)
 
 
-async def start_executor(certs: Path, registry: str, node_id: str, work_dir: Path, planner: str = ""):
+async def start_executor(certs: Path, registry: str, node_id: str, work_dir: Path):
     from services.executor import server
 
     config = cfg.ExecutorConfig(node_id=node_id, server=mtls_server(certs, "executor"), registry=registry,
-                                planner=planner, slots=2, ttl_seconds=10, work_dir=work_dir)
+                                slots=2, ttl_seconds=10, work_dir=work_dir)
     running, _membership = await server.start(config)
     return running
 
@@ -131,49 +130,28 @@ async def _registry_claims(address: str, certs: Path, job_id: str) -> list:
     return list(reply.claims)
 
 
-class StandInPlanner(planner_pb2_grpc.PlannerServiceServicer):
-    """Serves WatchDirectives only: records who subscribed, sends nothing."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.subscribed = asyncio.Event()
-
-    async def WatchDirectives(self, request, context):
-        self.calls.append(request.node_id)
-        self.subscribed.set()
-        await asyncio.Event().wait()
-        yield planner_pb2.WatchDirectivesResponse()
-
-
-async def _stand_in(certs: Path, service: str):
-    planner = StandInPlanner()
-    running = await start_server(mtls_server(certs, service), [Service(
-        planner_pb2_grpc.add_PlannerServiceServicer_to_server, planner, service_name(planner_pb2, "PlannerService"))])
-    return planner, running
-
-
-async def test_executor_subscribes_only_to_a_planner_whose_certificate_names_the_planner(mtls_registry, certs, tmp_path):
-    genuine, genuine_server = await _stand_in(certs, "planner")
-    impostor, impostor_server = await _stand_in(certs, "registry")  # signed by the same CA, valid for 127.0.0.1
-    executors = []
+async def test_executor_follows_only_a_registry_whose_certificate_names_the_registry(etcd, certs, tmp_path):
+    """The registry streams the allocations a node runs: one with another service's certificate (same CA,
+    valid for 127.0.0.1) is refused at the handshake, and nothing registers through it."""
+    impostor = await start_registry(etcd.endpoint, tls=tls(certs, "planner"), auth_token=TOKEN)
     try:
-        executors.append(await start_executor(certs, mtls_registry.address, "n-imp", tmp_path / "a", impostor_server.address))
-        executors.append(await start_executor(certs, mtls_registry.address, "n-gen", tmp_path / "b", genuine_server.address))
-        await asyncio.wait_for(genuine.subscribed.wait(), 20)
-        assert genuine.calls[:1] == ["n-gen"]
-        # the same channel the executor opens: the handshake fails on the impostor's certificate
-        channel = open_channel(impostor_server.address, token=TOKEN, tls=tls(certs, "executor"), server_name=cfg.PLANNER_IDENTITY)
-        call = planner_pb2_grpc.PlannerServiceStub(channel).WatchDirectives(planner_pb2.WatchDirectivesRequest(node_id="x"), timeout=3)
-        error = await rpc_error(call.read())
-        assert error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-        await channel.close()
-        await asyncio.sleep(1.0)  # n-imp has been retrying for as long as n-gen took to subscribe, and more
-        assert impostor.calls == []
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await start_executor(certs, impostor.address, "n-imp", tmp_path / "imp")
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        async with open_channel(impostor.address, token=TOKEN, tls=tls(certs, "client")) as channel:
+            nodes = (await registry_pb2_grpc.RegistryServiceStub(channel).ListNodes(registry_pb2.ListNodesRequest())).nodes
+        assert list(nodes) == []
     finally:
-        for e in executors:
-            await e.stop(0)
-        await genuine_server.stop(0)
-        await impostor_server.stop(0)
+        await impostor.stop(0)
+    genuine = await start_registry(etcd.endpoint, tls=tls(certs, "registry"), auth_token=TOKEN)
+    executor = await start_executor(certs, genuine.address, "n-gen", tmp_path / "gen")
+    try:
+        async with open_channel(genuine.address, token=TOKEN, tls=tls(certs, "client")) as channel:
+            nodes = (await registry_pb2_grpc.RegistryServiceStub(channel).ListNodes(registry_pb2.ListNodesRequest())).nodes
+        assert [n.node_id for n in nodes] == ["n-gen"]
+    finally:
+        await executor.stop(0)
+        await genuine.stop(0)
 
 
 @pytest.fixture
@@ -282,7 +260,7 @@ async def test_service_processes_with_the_deploy_flags_run_mutual_tls_end_to_end
     profiler = await start_service("profiler", *flags("profiler"), "--registry", registry.address)
     planner = await start_service("planner", *flags("planner"), "--registry", registry.address, "--profiler", profiler.address)
     await start_service("executor", *flags("executor"), "--node-id", "n-proc", "--registry", registry.address,
-                        "--planner", planner.address, "--slots", "2", "--work-dir", str(tmp_path / "work"))
+                        "--slots", "2", "--work-dir", str(tmp_path / "work"))
     from omru.client import Client
 
     async with Client(planner.address, token=(ours / "token").read_text().strip(), tls=tls(certs, "client")) as client:

@@ -92,8 +92,8 @@ def test_omru_up_prints_one_ready_line_with_every_address(omru_up):
 def test_grpcurl_lists_describes_and_calls_the_services_of_omru_up(omru_up):
     _, ready, _ = omru_up
     expect = {
-        ready["planner"]: ("omru.v1.PlannerService", ["WatchJobs", "WatchDirectives"]),
-        ready["registry"]: ("omru.v1.RegistryService", ["WatchCluster"]),
+        ready["planner"]: ("omru.v1.PlannerService", ["WatchJobs"]),
+        ready["registry"]: ("omru.v1.RegistryService", ["WatchCluster", "WatchAllocations"]),
         ready["profiler"]: ("omru.v1.ProfilerService", ["Profile"]),
         ready["executors"][0]: ("omru.v1.ExecutorService", ["WatchEvents"]),
     }

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from dataclasses import asdict, dataclass, fields
 
 from services.executor.worker import zoo
@@ -160,7 +161,10 @@ class AttemptSpec:
     under the prefix ``attempt_id``, so each restart attempt starts from a clean slate.
     All ranks must see ``checkpoint_dir`` (a shared folder across nodes).
     When the file ``stop_file`` exists (or a worker receives SIGUSR1), the job
-    stops at the next epoch boundary after checkpointing.
+    stops at the next epoch boundary after checkpointing. ``lease_file`` (when
+    set) holds the Unix time until which the node's lease surely holds, as its
+    executor last renewed it; past it the ranks of this node stop without
+    another checkpoint (`lease_lapsed`): the planner may run the job elsewhere.
     """
 
     attempt_id: str
@@ -171,6 +175,7 @@ class AttemptSpec:
     stop_file: str = ""
     profile: ProfileSpec | None = None
     timeout_s: float = 300.0  # rendezvous and collective timeout
+    lease_file: str = ""
 
     def __post_init__(self) -> None:
         _require(isinstance(self.attempt_id, str) and bool(_JOB_ID.match(self.attempt_id)), "attempt_id",
@@ -203,6 +208,15 @@ class AttemptSpec:
     def rendezvous_file(self) -> str:
         """Where rank 0 writes the ``host:port`` it bound when the rendezvous port is 0."""
         return os.path.join(self.checkpoint_dir, f".rendezvous-{self.attempt_id}")
+
+    def lease_lapsed(self, now: float | None = None) -> bool:
+        """True when the node's lease may have lapsed (see lease_file; False without one)."""
+        try:
+            with open(self.lease_file) as f:
+                deadline = float(f.read())
+        except (OSError, ValueError):
+            return False
+        return (time.time() if now is None else now) > deadline
 
     def to_dict(self) -> dict:
         d = asdict(self)

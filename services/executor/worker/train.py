@@ -366,6 +366,8 @@ class _Job:
                 l, c = train_step(self.ddp, self.optimizer, *self._to_device(x, y), lr)
                 loss_sum, correct, seen = loss_sum + l, correct + c, seen + len(y)
             _sync(self.device)
+            if self.attempt.lease_lapsed():  # before any collective: no rank of the attempt checkpoints
+                raise SystemExit(f"node lease lapsed during epoch {epoch + 1}: stopped without a checkpoint")
             train_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             test_loss, accuracy = self.evaluate()
