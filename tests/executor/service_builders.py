@@ -73,13 +73,12 @@ async def start_executor(registry_address: str, node_id: str, slots: int, work_d
 
 
 @contextlib.asynccontextmanager
-async def executors(registry_address: str, tmp_path, *shapes: tuple[str, int], max_restarts: int = 2, planner: str = ""):
+async def executors(registry_address: str, tmp_path, *shapes: tuple[str, int], max_restarts: int = 2):
     """Executors for (node_id, slots) shapes; stopped (workers killed, GPUs released) on exit."""
     started = []
     try:
         for node_id, slots in shapes:
-            started.append(await start_executor(registry_address, node_id, slots, tmp_path / node_id, max_restarts,
-                                                planner))
+            started.append(await start_executor(registry_address, node_id, slots, tmp_path / node_id, max_restarts))
         yield started
     finally:
         for e in reversed(started):
