@@ -24,6 +24,15 @@ Format::
         # these instead of asking the profiler (numbers you measured yourself,
         # for instance with `omru train --json`)
         profile: {1: 9.5, 2: 5.4}
+      - id: my-script          # a script job: your own training code instead of model/dataset
+        command: [python, train.py, --data, /shared/data/x]   # "python" = the executor's interpreter
+        workdir: /shared/code  # optional: absolute folder every node sees (default: the executor's)
+        env: {SEED: "1"}       # optional: extra environment variables
+        epochs: 4              # (and batch_size, base_lr, base_batch, min_gpus, max_gpus, profile)
+
+A script job takes no zoo field from ``defaults`` (model, dataset,
+num_classes, image_size, frames, train_samples); see the README, "Your own
+training script", for the environment its processes get.
 
 Every other field of a job (warmup_epochs, momentum, weight_decay,
 num_classes, image_size, frames, seed, train_samples, lr_decay) means what
@@ -52,6 +61,8 @@ TOP_LEVEL = ("policy", "defaults", "jobs")
 # Workload-only job fields; the rest are TrainSpec fields ("id" is job_id).
 _EXTRA = ("id", "profile", "max_gpus")
 _SPEC_FIELDS = tuple(f.name for f in fields(TrainSpec) if f.name not in ("job_id", "max_gpus"))
+# Fields only a job that trains a model of the zoo has (a script job takes none of them from defaults).
+_ZOO_FIELDS = ("model", "dataset", "num_classes", "image_size", "frames", "train_samples")
 
 
 class WorkloadError(ValueError):
@@ -145,7 +156,10 @@ def from_dict(data, cluster_gpus: int | None = None, source: str = "workload") -
         if not isinstance(raw, dict):
             problems.append(f"jobs[{i}]: must be a mapping, got {raw!r}")
             continue
-        merged = {**{k: v for k, v in defaults.items() if k in _SPEC_FIELDS or k == "max_gpus"}, **raw}
+        inherited = {k: v for k, v in defaults.items() if k in _SPEC_FIELDS or k == "max_gpus"}
+        if "command" in raw:
+            inherited = {k: v for k, v in inherited.items() if k not in _ZOO_FIELDS}
+        merged = {**inherited, **raw}
         job_id = raw.get("id")
         where = f"job {job_id!r}" if isinstance(job_id, str) and job_id else f"jobs[{i}]"
         job, errs = _job(merged, where, cluster_gpus)
@@ -171,10 +185,16 @@ def _job(raw: dict, where: str, cluster_gpus: int | None) -> tuple[WorkloadJob |
         problems.append(f"{where}: unknown field {key!r}")
     if "id" not in raw:
         problems.append(f"{where}: id: missing")
-    if "model" not in raw:
-        problems.append(f"{where}: model: missing")
+    script = "command" in raw
     args = {k: raw[k] for k in _SPEC_FIELDS if k in raw}
-    args.setdefault("model", _PLACEHOLDER_MODEL)  # reported missing above; checks the other fields
+    if script and not (isinstance(raw["command"], list) and raw["command"]):
+        problems.append(f"{where}: command: must be a non-empty list of strings (program, arguments), "
+                        f"got {raw['command']!r}")
+        args["command"] = ["python"]  # (reported: check the other fields)
+    elif not script and "model" not in raw:
+        problems.append(f"{where}: model: missing (a model of the zoo, or a command: your own training script)")
+    if not script:
+        args.setdefault("model", _PLACEHOLDER_MODEL)  # reported missing above; checks the other fields
     args.setdefault("base_batch", args.get("batch_size", 32))
     max_gpus = raw.get("max_gpus", 0)
     if not (isinstance(max_gpus, int) and not isinstance(max_gpus, bool) and max_gpus >= 0):
@@ -190,8 +210,10 @@ def _job(raw: dict, where: str, cluster_gpus: int | None) -> tuple[WorkloadJob |
             problems.append(f"{where}: {exc}")
             if exc.field not in args:
                 break
-            if exc.field == "model":  # keep checking the other fields against a model that exists
+            if exc.field == "model" and not script:  # keep checking the other fields against a model that exists
                 args["model"] = _placeholder_model(args)
+            elif exc.field == "command":
+                args["command"] = ["python"]
             else:
                 args.pop(exc.field)
         except TypeError as exc:  # a value of the wrong type in a comparison

@@ -31,7 +31,14 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 
 class JobSpec(_message.Message):
-    __slots__ = ("job_id", "model", "dataset", "epochs", "batch_size", "base_lr", "base_batch", "warmup_epochs", "momentum", "weight_decay", "num_classes", "image_size", "frames", "min_gpus", "max_gpus", "seed", "train_samples")
+    __slots__ = ("job_id", "model", "dataset", "epochs", "batch_size", "base_lr", "base_batch", "warmup_epochs", "momentum", "weight_decay", "num_classes", "image_size", "frames", "min_gpus", "max_gpus", "seed", "train_samples", "command", "workdir", "env")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +56,9 @@ class JobSpec(_message.Message):
     MAX_GPUS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     TRAIN_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model: str
     dataset: str
@@ -66,7 +76,10 @@ class JobSpec(_message.Message):
     max_gpus: int
     seed: int
     train_samples: int
-    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., dataset: _Optional[str] = ..., epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., base_lr: _Optional[float] = ..., base_batch: _Optional[int] = ..., warmup_epochs: _Optional[int] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., num_classes: _Optional[int] = ..., image_size: _Optional[int] = ..., frames: _Optional[int] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., seed: _Optional[int] = ..., train_samples: _Optional[int] = ...) -> None: ...
+    command: _containers.RepeatedScalarFieldContainer[str]
+    workdir: str
+    env: _containers.ScalarMap[str, str]
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., dataset: _Optional[str] = ..., epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., base_lr: _Optional[float] = ..., base_batch: _Optional[int] = ..., warmup_epochs: _Optional[int] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., num_classes: _Optional[int] = ..., image_size: _Optional[int] = ..., frames: _Optional[int] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., seed: _Optional[int] = ..., train_samples: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class GpuRef(_message.Message):
     __slots__ = ("node_id", "index")

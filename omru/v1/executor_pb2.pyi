@@ -193,3 +193,33 @@ class WatchEventsResponse(_message.Message):
     EVENT_FIELD_NUMBER: _ClassVar[int]
     event: ExecutorEvent
     def __init__(self, event: _Optional[_Union[ExecutorEvent, _Mapping]] = ...) -> None: ...
+
+class GetLogsRequest(_message.Message):
+    __slots__ = ("job_id", "attempt", "rank", "follow", "offset")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    rank: int
+    follow: bool
+    offset: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., follow: _Optional[bool] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class GetLogsResponse(_message.Message):
+    __slots__ = ("node_id", "attempt", "attempt_id", "rank", "data", "offset")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    attempt: int
+    attempt_id: str
+    rank: int
+    data: bytes
+    offset: int
+    def __init__(self, node_id: _Optional[str] = ..., attempt: _Optional[int] = ..., attempt_id: _Optional[str] = ..., rank: _Optional[int] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...

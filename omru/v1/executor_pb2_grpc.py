@@ -61,6 +61,11 @@ class ExecutorServiceStub:
                 request_serializer=omru_dot_v1_dot_executor__pb2.WatchEventsRequest.SerializeToString,
                 response_deserializer=omru_dot_v1_dot_executor__pb2.WatchEventsResponse.FromString,
                 _registered_method=True)
+        self.GetLogs = channel.unary_stream(
+                '/omru.v1.ExecutorService/GetLogs',
+                request_serializer=omru_dot_v1_dot_executor__pb2.GetLogsRequest.SerializeToString,
+                response_deserializer=omru_dot_v1_dot_executor__pb2.GetLogsResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutorServiceServicer:
@@ -103,6 +108,14 @@ class ExecutorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetLogs(self, request, context):
+        """Streams what a job's worker processes on this node printed (stdout and
+        stderr), one file per attempt and rank, kept on the node's disk.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +143,11 @@ def add_ExecutorServiceServicer_to_server(servicer, server):
                     servicer.WatchEvents,
                     request_deserializer=omru_dot_v1_dot_executor__pb2.WatchEventsRequest.FromString,
                     response_serializer=omru_dot_v1_dot_executor__pb2.WatchEventsResponse.SerializeToString,
+            ),
+            'GetLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetLogs,
+                    request_deserializer=omru_dot_v1_dot_executor__pb2.GetLogsRequest.FromString,
+                    response_serializer=omru_dot_v1_dot_executor__pb2.GetLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +287,33 @@ class ExecutorService:
             '/omru.v1.ExecutorService/WatchEvents',
             omru_dot_v1_dot_executor__pb2.WatchEventsRequest.SerializeToString,
             omru_dot_v1_dot_executor__pb2.WatchEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/omru.v1.ExecutorService/GetLogs',
+            omru_dot_v1_dot_executor__pb2.GetLogsRequest.SerializeToString,
+            omru_dot_v1_dot_executor__pb2.GetLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,

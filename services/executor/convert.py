@@ -60,7 +60,8 @@ def train_spec(job: common_pb2.JobSpec, field: str = "directive.job") -> TrainSp
             base_lr=job.base_lr, base_batch=job.base_batch or job.batch_size, warmup_epochs=job.warmup_epochs,
             momentum=job.momentum, weight_decay=job.weight_decay, num_classes=job.num_classes,
             image_size=job.image_size or DEFAULT_IMAGE_SIZE, frames=job.frames, min_gpus=min_gpus,
-            max_gpus=job.max_gpus or max(ANY_GPUS, min_gpus), seed=job.seed, train_samples=job.train_samples)
+            max_gpus=job.max_gpus or max(ANY_GPUS, min_gpus), seed=job.seed, train_samples=job.train_samples,
+            command=tuple(job.command), workdir=job.workdir, env=dict(job.env))
     except SpecError as exc:
         raise DirectiveError(f"{field}.{exc.field}", str(exc).split(": ", 1)[1]) from None
 

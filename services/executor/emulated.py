@@ -121,7 +121,7 @@ class EmulatedRuntime:
         self.node_id = node_id
         self.devices = devices  # GPUs of this node (all nodes of an emulation have as many)
 
-    def group(self, spec: TrainSpec, attempt: AttemptSpec, ranks: Sequence[int], on_record, stderr_to) -> "EmulatedGroup":
+    def group(self, spec: TrainSpec, attempt: AttemptSpec, ranks: Sequence[int], on_record, log_dir) -> "EmulatedGroup":
         return EmulatedGroup(self, spec, attempt, ranks, on_record)
 
     def checkpoint_problem(self, spec: TrainSpec, checkpoint_dir: str) -> str:

@@ -25,6 +25,7 @@ from services.common.errors import abort, abort_invalid
 from services.common.logging import get_logger
 from services.common.server import peer_identities
 from services.executor import convert
+from services.executor.logs import LogError
 from services.executor.supervisor import ConflictError, DirectiveError, EventKind, Gpu, Supervisor
 
 log = get_logger(__name__)
@@ -142,6 +143,18 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
             await abort_invalid(context, "after_seq", f"{request.after_seq} is negative")
         async for event in self.supervisor.events.follow(request.after_seq):
             yield executor_pb2.WatchEventsResponse(event=convert.event(event))
+
+    async def GetLogs(self, request, context):
+        rank = request.rank if request.HasField("rank") else None
+        try:
+            async for c in self.supervisor.read_logs(request.job_id, request.attempt, rank, request.offset, request.follow):
+                yield executor_pb2.GetLogsResponse(node_id=self.supervisor.node_id, attempt=c.attempt.number,
+                                                   attempt_id=c.attempt.attempt_id, rank=c.rank, data=c.data,
+                                                   offset=c.offset)
+        except LogError as exc:
+            await abort_invalid(context, exc.field, str(exc).split(": ", 1)[1])
+        except LookupError as exc:
+            await abort(context, grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
 
 
 class AllocationWatch:

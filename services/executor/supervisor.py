@@ -33,7 +33,17 @@ lists terminates the local workers at once (that epoch cannot finish).
 
 A worker that dies makes the others stop (`WorkerGroup`); the job restarts
 from the newest checkpoint (so at most the epoch in progress is lost) up to
-``max_restarts`` times, then fails. Bad directives raise `DirectiveError`
+``max_restarts`` times, then fails; it fails at once when the failure is the
+same as the last one and no epoch finished in between (retrying would only
+repeat it). The FAILED event says why: the rank, its exit code and the last
+lines of its stderr. What each rank prints is kept per attempt under
+``<work_dir>/logs`` (services/executor/logs.py).
+
+A script job (its own command instead of a model of the zoo) runs the same
+way; as the executor sees only its exit when it does not use omru.elastic,
+it counts as STARTED once its processes run and as FINISHED when they all
+exit 0, and a stop or resize terminates it (it resumes from its own
+checkpoint). Bad directives raise `DirectiveError`
 (field + problem; the servicer answers INVALID_ARGUMENT) or `ConflictError`
 (FAILED_PRECONDITION) before anything changes.
 """
@@ -45,6 +55,7 @@ import collections
 import contextlib
 import enum
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -55,6 +66,7 @@ from pathlib import Path
 from typing import AsyncIterator, Protocol, Sequence
 
 from services.common.logging import get_logger
+from services.executor.logs import Chunk, LogStore
 from services.executor.state import JobState, check_move
 from services.executor.worker.launch import LaunchResult, WorkerGroup, free_port, worker_env
 from services.executor.worker.warm import WarmPool
@@ -181,8 +193,8 @@ class Runtime(Protocol):
     """What runs an attempt's local ranks: worker processes (`WorkerProcesses`), or emulated ones
     (services/executor/emulated.py) that keep the same record stream and checkpoint folder."""
 
-    def group(self, spec: TrainSpec, attempt: AttemptSpec, ranks: Sequence[int], on_record, stderr_to) -> WorkerGroup:
-        """The local ranks of one attempt, not started yet."""
+    def group(self, spec: TrainSpec, attempt: AttemptSpec, ranks: Sequence[int], on_record, log_dir: Path) -> WorkerGroup:
+        """The local ranks of one attempt, not started yet; what they print goes to log_dir."""
 
     def checkpoint_problem(self, spec: TrainSpec, checkpoint_dir: str) -> str:
         """Why the newest checkpoint in the folder cannot resume `spec` ("" when it can or there is none)."""
@@ -196,13 +208,15 @@ class WorkerProcesses:
     grace_s: float = 5.0
     pool: WarmPool | None = None
 
-    def group(self, spec, attempt, ranks, on_record, stderr_to) -> WorkerGroup:
+    def group(self, spec, attempt, ranks, on_record, log_dir) -> WorkerGroup:
         return WorkerGroup(spec, attempt, ranks, on_record=on_record, python=self.python, grace_s=self.grace_s,
-                           stderr_to=stderr_to, pool=self.pool)
+                           pool=self.pool, log_dir=log_dir)
 
     def checkpoint_problem(self, spec: TrainSpec, checkpoint_dir: str) -> str:
         from services.executor.worker import checkpoint  # loads torch: callers run this in a thread
 
+        if spec.is_script:  # the folder holds what the script writes
+            return ""
         newest = checkpoint.latest(checkpoint_dir)
         try:
             if newest is not None:
@@ -275,21 +289,28 @@ class Action(str, enum.Enum):
     FAIL = "fail"  # give up: release everything
 
 
+def failure_signature(message: str) -> str:
+    """A failure message without what differs between two runs of the same failure (which rank and pid
+    failed first, store ports)."""
+    return re.sub(r":\d{2,5}\b", ":N", re.sub(r"\b(rank|pid|port) \d+", r"\1 N", message))
+
+
 def decide(state: JobState, outcome: str, all_epochs_done: bool, restarts: int, max_restarts: int,
-           has_new_local: bool, profiling: bool) -> Action:
+           has_new_local: bool, profiling: bool, repeated: bool = False) -> Action:
     """What to do once every local worker of an attempt has exited.
 
     outcome is `LaunchResult.outcome`; all_epochs_done says whether the
     checkpoint folder holds the last epoch (how a node without rank 0 tells
     "finished" from "stopped by a peer"); has_new_local says whether a pending
-    resize puts ranks on this node.
+    resize puts ranks on this node; repeated says whether a failure is the
+    same as the last one with no epoch done in between.
     """
     if outcome in ("finished", "profiled") or (outcome == "exited" and (all_epochs_done or profiling)):
         return Action.FINISH
     if outcome == "failed":
         if state is JobState.STOPPING:
             return Action.STOP
-        if profiling or restarts >= max_restarts:
+        if profiling or restarts >= max_restarts or repeated:
             return Action.FAIL
         if state is JobState.RESIZING:
             return Action.MOVE if has_new_local else Action.STOP
@@ -317,7 +338,7 @@ class _Job:
     retry: int = 0  # restarts of the current attempt_base (store prefix <attempt_base>.r<retry>)
     epochs_done: int = 0
     attempt: AttemptSpec | None = None
-    log_file: object = None
+    log_dir: Path | None = None
     group: WorkerGroup | None = None
     task: asyncio.Task | None = None
     pending: Directive | None = None
@@ -325,6 +346,7 @@ class _Job:
     started_ranks: set[int] = field(default_factory=set)
     note: str = ""
     message: str = ""
+    last_failure: tuple[str, int] | None = None  # (failure_signature, epochs done then) of the last failure
 
     @property
     def job_id(self) -> str:
@@ -368,6 +390,7 @@ class Supervisor:
             work_dir = self._own_tmp.name
         self.work_dir = Path(work_dir)
         self.lease_file = self.work_dir / "lease"  # until when the node's lease holds (`renewed`)
+        self.logs = LogStore(self.work_dir / "logs")
         self.events = EventLog(node_id)
         self._jobs: dict[str, _Job] = {}
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -398,6 +421,16 @@ class Supervisor:
 
     def jobs(self) -> list[JobView]:
         return [self._view(j) for _, j in sorted(self._jobs.items())]
+
+    def read_logs(self, job_id: str, attempt: int = 0, rank: int | None = None, offset: int = 0,
+                  follow: bool = False) -> AsyncIterator[Chunk]:
+        """What the job's ranks printed on this node (`LogStore.read`); follow ends with the attempt."""
+
+        def live(folder: Path) -> bool:
+            job = self._jobs.get(job_id)
+            return job is not None and job.state.active and job.log_dir == folder
+
+        return self.logs.read(job_id, attempt, rank, offset, follow, live)
 
     def _view(self, job: _Job) -> JobView:
         group = job.group
@@ -517,6 +550,8 @@ class Supervisor:
             raise DirectiveError("directive.gpus", f"names no GPU of node {self.node_id}")
         gpus = [g for _, g in mine]
         self._check_free(d.job_id, gpus)
+        if d.spec.workdir and not os.path.isdir(d.spec.workdir):
+            raise DirectiveError("directive.job.workdir", f"{d.spec.workdir!r} is not a folder on node {self.node_id}")
         attempt_base = d.attempt_id or f"{d.job_id[:100]}-{uuid.uuid4().hex[:8]}"
         checkpoint_dir = self._checkpoint_dir(d, attempt_base)
         if d.profile is None:
@@ -618,23 +653,35 @@ class Supervisor:
         job.attempt = attempt = self._launch_attempt(job)
         job.started_ranks = set()
         os.makedirs(job.checkpoint_dir, exist_ok=True)
-        logs = self.work_dir / "logs" / job.job_id
-        logs.mkdir(parents=True, exist_ok=True)
-        stderr = open(logs / f"{attempt.attempt_id}.log", "a", buffering=1)
+        job.log_dir = self.logs.new_attempt(job.job_id, attempt.attempt_id).folder
         group = self.runtime.group(job.spec, attempt, local_ranks(job.gpus, self.node_id),
-                                   lambda record: self._on_record(job, attempt, record), stderr)
+                                   lambda record: self._on_record(job, attempt, record), job.log_dir)
         job.group = group
         try:
             await group.start()
         except OSError as exc:
-            stderr.close()
             await group.terminate()
             await self._end(job, JobState.FAILED, f"workers could not start: {exc}")
             return None
+        if job.spec.is_script:  # (what it does next the executor may never hear of)
+            from services.executor.worker import checkpoint
+
+            found = checkpoint.list_checkpoints(job.checkpoint_dir)
+            job.epochs_done = max(job.epochs_done, found[-1][0] if found else 0)
+            self._started(job, attempt, epoch=job.epochs_done, lr=0.0, global_batch=job.spec.batch_size * len(job.gpus),
+                          where=f"{' '.join(job.spec.command)[:200]} (MASTER {':'.join(map(str, group.master or ()))})")
         if job.state in (JobState.RESIZING, JobState.STOPPING):
             group.request_stop()
-        job.log_file = stderr
         return group
+
+    def _started(self, job: _Job, attempt: AttemptSpec, epoch: int, lr: float, global_batch: int, where: str) -> None:
+        """The attempt's local ranks run: RUNNING, STARTED event."""
+        if job.state is JobState.STARTING:
+            job.move(JobState.RUNNING)
+        local = tuple(job.gpus[r] for r in local_ranks(job.gpus, self.node_id))
+        self.events.append(job.job_id, EventKind.STARTED, epoch=epoch, gpus=local, lr=lr, global_batch=global_batch,
+                           restarts=job.restarts, message="; ".join(m for m in (job.note, where) if m),
+                           attempt_id=job.attempt_base, world_size=attempt.world_size)
 
     def _on_record(self, job: _Job, attempt: AttemptSpec, record: dict) -> None:
         if job.attempt is not attempt:
@@ -644,18 +691,12 @@ class Supervisor:
         if kind == "started":
             job.started_ranks.add(int(record.get("rank", -1)))
             job.epochs_done = max(job.epochs_done, int(record.get("start_epoch") or 0))
-            if len(job.started_ranks) == len(local_ranks(job.gpus, self.node_id)):
-                if job.state is JobState.STARTING:
-                    job.move(JobState.RUNNING)
-                local = tuple(job.gpus[r] for r in local_ranks(job.gpus, self.node_id))
+            if len(job.started_ranks) == len(local_ranks(job.gpus, self.node_id)) and not job.spec.is_script:
                 where = f"{record.get('backend')} on {record.get('device')}, store prefix {attempt.attempt_id}"
-                message = "; ".join(m for m in (job.note, where) if m)
                 if record.get("resumed_from"):
-                    message += f"; resumed from {os.path.basename(record['resumed_from'])}"
-                self.events.append(job.job_id, EventKind.STARTED, epoch=int(record.get("start_epoch") or 0),
-                                   gpus=local, lr=float(record.get("lr") or 0.0),
-                                   global_batch=int(record.get("global_batch") or 0), restarts=job.restarts,
-                                   message=message, **common)
+                    where += f"; resumed from {os.path.basename(record['resumed_from'])}"
+                self._started(job, attempt, epoch=int(record.get("start_epoch") or 0), lr=float(record.get("lr") or 0.0),
+                              global_batch=int(record.get("global_batch") or 0), where=where)
         elif kind == "epoch_done":
             job.epochs_done = max(job.epochs_done, int(record["epoch"]))
             self.events.append(job.job_id, EventKind.EPOCH_DONE, epoch=int(record["epoch"]),
@@ -676,13 +717,20 @@ class Supervisor:
 
     async def _after_exit(self, job: _Job, result: LaunchResult) -> bool:
         """Carry out `decide`; True when a new attempt must be launched."""
-        if job.log_file is not None:
-            job.log_file.close()
-            job.log_file = None
-        all_done = result.outcome == "exited" and job.profile is None and self._all_epochs_done(job)
+        if job.profile is not None and job.spec.is_script and result.outcome == "exited" and \
+                0 in local_ranks(job.gpus, self.node_id):
+            result = LaunchResult("failed", result.records, result.returncodes,
+                                  "the script exited without timing its iterations: a profiling trial needs "
+                                  "omru.elastic (for batch in ctx.batches(loader))")
+        all_done = result.outcome == "exited" and job.profile is None and (
+            self._all_epochs_done(job) or (job.spec.is_script and job.state is JobState.RUNNING))
         pending_local = local_ranks(job.pending.gpus, self.node_id) if job.pending else []
+        repeated = False
+        if result.outcome == "failed":
+            same = (failure_signature(result.message), job.epochs_done)
+            repeated, job.last_failure = job.last_failure == same, same
         action = decide(job.state, result.outcome, all_done, job.restarts, self.max_restarts, bool(pending_local),
-                        job.profile is not None)
+                        job.profile is not None, repeated)
         log.info("attempt_exited", job_id=job.job_id, attempt_id=job.attempt.attempt_id, outcome=result.outcome,
                  state=job.state.value, action=action.value, message=result.message, returncodes=result.returncodes)
         if (self._closing or job.allocated and self._lease_lapsed()) and action in (Action.RESTART, Action.MOVE):
@@ -698,7 +746,9 @@ class Supervisor:
             return False
         if action is Action.FAIL:
             why = result.message or f"workers ended with outcome {result.outcome}"
-            if job.profile is None:
+            if repeated:
+                why = f"failed the same way twice with no epoch done in between: {why}"
+            elif job.profile is None:
                 why = f"gave up after {job.restarts} restarts: {why}"
             await self._end(job, JobState.FAILED, why)
             return False
@@ -723,11 +773,14 @@ class Supervisor:
 
     def _report_final(self, job: _Job, result: LaunchResult) -> None:
         common = {"attempt_id": job.attempt_base, "world_size": job.attempt.world_size}
-        if result.outcome == "finished":
-            final = result.of("finished")[-1]
+        exited = job.spec.is_script and result.outcome == "exited" and 0 in local_ranks(job.gpus, self.node_id)
+        if result.outcome == "finished" or exited:  # (a script without omru.elastic: all its ranks exited 0)
+            final = (result.of("finished") or [{}])[-1]
+            job.epochs_done = max(job.epochs_done, job.spec.epochs)
             self.events.append(job.job_id, EventKind.FINISHED, epoch=int(final.get("epochs") or job.spec.epochs),
                                accuracy=float(final.get("accuracy") or 0.0), loss=float(final.get("loss") or 0.0),
-                               epoch_seconds=0.0, message=f"{final.get('seconds', 0.0):.1f} s in this attempt", **common)
+                               epoch_seconds=0.0, message=f"{final['seconds']:.1f} s in this attempt" if final
+                               else "every rank exited 0", **common)
         elif result.outcome == "profiled":
             p = result.of("profile")[-1]
             self.events.append(job.job_id, EventKind.PROFILED, iter_seconds=float(p["iter_seconds"]),

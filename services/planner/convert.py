@@ -18,20 +18,22 @@ _EVENT_KINDS = {
 
 # JobSpec fields that are TrainSpec fields of the same name and meaning.
 _SAME = ("model", "dataset", "epochs", "batch_size", "base_lr", "base_batch", "warmup_epochs", "momentum",
-         "weight_decay", "num_classes", "image_size", "frames", "seed", "train_samples")
+         "weight_decay", "num_classes", "image_size", "frames", "seed", "train_samples", "workdir")
 
 
 def job_spec(job: WorkloadJob) -> common_pb2.JobSpec:
     s = job.spec
     fields = {k: getattr(s, k) for k in _SAME}
     fields["warmup_epochs"] = int(round(s.warmup_epochs))  # JobSpec counts whole epochs
-    return common_pb2.JobSpec(job_id=s.job_id, min_gpus=s.min_gpus, max_gpus=job.max_gpus, **fields)
+    return common_pb2.JobSpec(job_id=s.job_id, min_gpus=s.min_gpus, max_gpus=job.max_gpus, command=list(s.command),
+                              env=dict(s.env), **fields)
 
 
 def workload_job(spec: common_pb2.JobSpec, profile: dict[int, float] | None = None) -> WorkloadJob:
     """JobSpec -> WorkloadJob; raises SpecError (field named) on a bad value."""
     min_gpus = spec.min_gpus or 1
     args = {k: getattr(spec, k) for k in _SAME}
+    args.update(command=tuple(spec.command), env=dict(spec.env))
     args["warmup_epochs"] = float(args["warmup_epochs"])
     if not spec.base_batch:
         args["base_batch"] = spec.batch_size

@@ -97,6 +97,8 @@ class JobFigures:
     planned_finish_s: float  # after origin; 0 when unknown
     gpu_seconds: float  # held
     world_sizes: tuple[int, ...]  # one per attempt, in order
+    state: str = ""  # the job's state (JobState name without its prefix) where known
+    message: str = ""  # why it failed (exit code and the failing rank's last stderr lines), where it did
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,7 @@ def text(f: Figures) -> str:
             f"{j.job_id:<20} {'finished' if j.finished else 'open':<9} {j.epochs_done:>6} {100 * j.accuracy:>8.1f}% "
             f"{j.actual_finish_s:>8.1f} {j.planned_finish_s:>8.1f} {j.gpu_seconds:>8.1f}  "
             f"{','.join(map(str, j.world_sizes))}")
+    lines += [f"{j.job_id} failed: {j.message}" for j in f.jobs if j.state == "FAILED" and j.message]
     return "\n".join(lines)
 
 

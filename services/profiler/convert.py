@@ -8,6 +8,9 @@ the executors would refuse is refused up front, naming the field
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from omru.v1 import common_pb2, profiler_pb2
 from services.executor.convert import DEFAULT_IMAGE_SIZE, train_spec
 from services.executor.supervisor import DirectiveError
@@ -46,6 +49,11 @@ def input_shape(spec: TrainSpec) -> str:
 
 
 def key(spec: TrainSpec, gpu_kind: str, nodes: int, full_epoch: bool) -> ProfileKey:
+    if spec.is_script:  # what decides its speed is the script itself: its command, folder and environment
+        what = json.dumps([list(spec.command), spec.workdir, sorted(dict(spec.env).items())])
+        return ProfileKey(model=f"script-{hashlib.sha256(what.encode()).hexdigest()[:16]}", input_shape="script",
+                          batch_size=spec.batch_size, gpu_kind=gpu_kind, nodes=nodes, dataset="", train_samples=0,
+                          full_epoch=full_epoch)
     return ProfileKey(model=spec.model, input_shape=input_shape(spec), batch_size=spec.batch_size, gpu_kind=gpu_kind,
                       nodes=nodes, dataset=spec.dataset, train_samples=spec.train_samples, full_epoch=full_epoch)
 

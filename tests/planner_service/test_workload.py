@@ -6,6 +6,7 @@ import pytest
 
 from omru import workload
 from omru.workload import WorkloadError
+from services.executor.worker.spec import SpecError
 
 GOOD = """
 policy: omru-ga
@@ -80,12 +81,48 @@ jobs:
         ("jobs:\n  - id: a\n    model: resnet18\n    max_gpus: 8", "max_gpus: 8 GPUs asked, the cluster has 2"),
         ("jobs:\n  - id: a b\n    model: resnet18", "job_id: must be 1-128 characters"),
         ("jobs: [: bad", "not valid YAML"),
+        ("jobs:\n  - id: s\n    command: []", "job 's': command: must be a non-empty list of strings"),
+        ("jobs:\n  - id: s\n    command: python x.py", "job 's': command: must be a non-empty list of strings (program, arguments), got 'python x.py'"),
+        ("jobs:\n  - id: s\n    command: [python, 3]", "command: must be a list of non-empty strings (program, arguments), got ['python', 3]"),
+        ("jobs:\n  - id: s\n    command: [python, x.py]\n    model: resnet18", "job 's': model: a script job (command 'python') has no model, got 'resnet18'"),
+        ("jobs:\n  - id: s\n    command: [python, x.py]\n    workdir: code", "job 's': workdir: must be an absolute folder path, got 'code'"),
+        ("jobs:\n  - id: s\n    command: [python, x.py]\n    env: {MASTER_PORT: '1'}", "env: MASTER_PORT is set by the executor"),
+        ("jobs:\n  - id: s\n    command: [python, x.py]\n    env: {SEED: 1}", "env: SEED: must be a string, got 1"),
+        ("jobs:\n  - id: a\n    model: resnet18\n    workdir: /tmp", "job 'a': workdir: only a script job (command) has one"),
+        ("jobs:\n  - id: a\n    epochs: 2", "job 'a': model: missing (a model of the zoo, or a command"),
     ],
 )
 def test_a_bad_workload_is_rejected_naming_the_bad_value(text, named):
     with pytest.raises(WorkloadError) as err:
         workload.parse(text, cluster_gpus=2)
     assert named in str(err.value)
+
+
+def test_a_script_job_loads_without_the_zoo_defaults_and_survives_the_trip_through_the_api():
+    from services.planner import convert
+
+    w = workload.parse("""
+defaults: {dataset: digits, image_size: 64, batch_size: 16}
+jobs:
+  - id: mine
+    command: [python, train.py, --data, /shared/x]
+    workdir: /shared/code
+    env: {SEED: "1"}
+    epochs: 4
+    max_gpus: 2
+""")
+    (job,) = w.jobs
+    s = job.spec
+    assert s.is_script and (s.command, s.workdir, dict(s.env)) == (("python", "train.py", "--data", "/shared/x"),
+                                                                  "/shared/code", {"SEED": "1"})
+    assert (s.model, s.dataset, s.batch_size, s.epochs) == ("", "", 16, 4)  # zoo defaults not taken, the rest are
+    proto = convert.job_spec(job)
+    assert list(proto.command) == list(s.command) and dict(proto.env) == {"SEED": "1"} and not proto.model
+    assert convert.workload_job(proto) == job  # what the planner stores is what was sent
+    with pytest.raises(SpecError) as err:  # the planner's SubmitJobs refuses both model and command
+        convert.workload_job(convert.job_spec(job).__class__(job_id="x", model="resnet18", command=["python"],
+                                                              epochs=1, batch_size=8))
+    assert err.value.field == "model"
 
 
 def test_a_missing_file_is_named(tmp_path):

@@ -6,7 +6,7 @@ plain dict (tensors, numbers, strings, lists, dicts only, so it loads with
 
     format        1
     job_id        the job it belongs to
-    model_name    e.g. "resnet18"
+    model_name    e.g. "resnet18"; "script" for a script job's (omru.elastic)
     fingerprint   TrainSpec.fingerprint(): model, classes, input shape, data set
     epoch         epochs completed (training resumes at this epoch index)
     world_size    the world size that wrote it (resume works on any)
@@ -84,8 +84,9 @@ def save(checkpoint_dir: str, state: dict) -> str:
     return final
 
 
-def load(path: str, model_name: str, fingerprint: str) -> dict:
-    """Load a checkpoint for a job training ``model_name``; refuse any other."""
+def load(path: str, model_name: str, fingerprint: str | None) -> dict:
+    """Load a checkpoint for a job training ``model_name``; refuse any other (fingerprint None: any
+    configuration of it, as for a script's own checkpoints)."""
     import torch
 
     try:
@@ -97,7 +98,7 @@ def load(path: str, model_name: str, fingerprint: str) -> dict:
     if state.get("model_name") != model_name:
         raise CheckpointError(
             f"checkpoint {path} holds model {state.get('model_name')!r}, but this job trains {model_name!r}")
-    if state.get("fingerprint") != fingerprint:
+    if fingerprint is not None and state.get("fingerprint") != fingerprint:
         raise CheckpointError(
             f"checkpoint {path} was written for another {model_name} configuration (fingerprint "
             f"{state.get('fingerprint')}, this job {fingerprint}: classes, input size or data set differ)")

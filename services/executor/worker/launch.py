@@ -1,19 +1,27 @@
 """Start the local worker processes of one attempt and supervise them.
 
-`WorkerGroup` starts one ``python -m services.executor.worker`` process per
-local rank (handed out by a `warm.WarmPool` when it has one: torch already
-imported) (all ranks, or the subset ``ranks`` this node hosts when a job spans
-nodes), with ``CUDA_VISIBLE_DEVICES`` set to the rank's GPU, or
-``OMP_NUM_THREADS=1`` on a CPU slot. It parses each worker's JSON record stream
-(schema: `services.executor.worker.train`) and hands every record to
-``on_record`` (a plain function or a coroutine function), keeps the tail of each
-worker's stderr, and notices a dead worker: when any rank exits non-zero, the
-others are stopped (SIGTERM, then SIGKILL after ``grace_s``) and the attempt's
-outcome is ``failed``, with a message naming the rank and its exit code.
+`WorkerGroup` starts one process per local rank (all ranks, or the subset
+``ranks`` this node hosts when a job spans nodes): for a zoo job ``python -m
+services.executor.worker`` (handed out by a `warm.WarmPool` when it has one:
+torch already imported) with ``CUDA_VISIBLE_DEVICES`` set to the rank's GPU,
+or ``OMP_NUM_THREADS=1`` on a CPU slot; for a script job its ``command`` in
+its ``workdir`` with the environment `script_env` gives (torchrun's variables
+and OMRU_*). It parses the records in each process's stdout (schema:
+`services.executor.worker.train`, prefix `omru.elastic.RECORD_PREFIX`) and
+hands every record to ``on_record`` (a plain function or a coroutine
+function), writes what each rank prints (stdout and stderr) to
+``log_dir/rank-<rank>.log``, keeps the tail of each rank's stderr, and
+notices a dead worker: when any rank exits non-zero, the others are stopped
+(SIGTERM, then SIGKILL after ``grace_s``) and the attempt's outcome is
+``failed``, with a message naming the rank, its exit code and the last lines
+of its stderr (or the error it reported).
 
 `request_stop()` asks the job to stop at the next epoch boundary (it creates
-the attempt's stop file and sends SIGUSR1 to ranks that have started); the
-workers checkpoint, report ``stopped`` and exit 0.
+the attempt's stop file and sends SIGUSR1 to ranks that have started, which
+checkpoint, report ``stopped`` and exit 0). Ranks that never said they
+started (a script that does not use omru.elastic, which cannot stop at an
+epoch boundary) are terminated instead; the next attempt resumes from
+whatever checkpoint the script wrote.
 
 Built on asyncio (the executor servicer is grpc.aio); `run_attempt` is the
 synchronous wrapper for `omru train` and scripts.
@@ -23,18 +31,31 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import dataclasses
 import inspect
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import sys
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
+from omru.elastic import parse_record
 from services.executor.worker.spec import AttemptSpec, ProfileSpec, TrainSpec, to_json
-from services.executor.worker.warm import WarmPool, hand_arguments, start_standby
+from services.executor.worker.warm import LINE_LIMIT, WarmPool, hand_arguments, start_standby
+
+#: Lines of the failing rank's stderr a failure message carries.
+FAILURE_LINES = 4
+#: Characters kept of each of those lines.
+FAILURE_LINE_CHARS = 300
+#: What torch puts before each line a rank prints after joining its process group ("[rank0]: ").
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -55,6 +76,41 @@ def worker_env(base: dict[str, str], device: str) -> dict[str, str]:
     else:
         env["CUDA_VISIBLE_DEVICES"] = device
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def script_argv(spec: TrainSpec, python: str = sys.executable) -> list[str]:
+    """A script job's command; "python" as its first word is this interpreter (torch and omru installed).
+
+    Run under ``setpriv --pdeathsig KILL`` where util-linux has it, so that a
+    script dies with its executor, as the zoo worker does (worker/__main__.py)."""
+    argv = [python if i == 0 and word == "python" else word for i, word in enumerate(spec.command)]
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else argv
+
+
+def script_env(base: dict[str, str], spec: TrainSpec, attempt: AttemptSpec, rank: int, local: Sequence[int],
+               master: tuple[str, int]) -> dict[str, str]:
+    """The environment of one rank of a script job: torchrun's variables, OMRU_* (see omru.elastic), the job's env.
+
+    On GPUs CUDA_VISIBLE_DEVICES lists the node's GPUs of the attempt in local
+    rank order, so a rank's GPU is cuda:LOCAL_RANK (as under torchrun)."""
+    device = attempt.devices[rank]
+    env = worker_env({**base, **dict(spec.env)}, device)
+    if device != "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(attempt.devices[r] for r in local)
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(list(local).index(rank)), "WORLD_SIZE": str(attempt.world_size),
+        "LOCAL_WORLD_SIZE": str(len(local)), "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",  # the executor hosts the store (see WorkerGroup._rendezvous)
+        "OMRU_JOB_ID": spec.job_id, "OMRU_ATTEMPT_ID": attempt.attempt_id, "OMRU_CHECKPOINT_DIR": attempt.checkpoint_dir,
+        "OMRU_EPOCHS": str(spec.epochs), "OMRU_BATCH_SIZE": str(spec.batch_size), "OMRU_BASE_LR": repr(spec.base_lr),
+        "OMRU_BASE_BATCH": str(spec.base_batch), "OMRU_WARMUP_EPOCHS": repr(spec.warmup_epochs),
+        "OMRU_SEED": str(spec.seed), "OMRU_STOP_FILE": attempt.stop_file, "OMRU_LEASE_FILE": attempt.lease_file,
+        "OMRU_TIMEOUT_S": repr(attempt.timeout_s),
+    })
+    if attempt.profile is not None:
+        env["OMRU_PROFILE"] = json.dumps(dataclasses.asdict(attempt.profile))
     return env
 
 
@@ -88,7 +144,7 @@ class LaunchResult:
     outcome: str
     records: list[dict] = field(default_factory=list)
     returncodes: dict[int, int] = field(default_factory=dict)
-    message: str = ""
+    message: str = ""  # failed: the rank, its exit code, the last lines of its stderr (or its reported error)
 
     def of(self, event: str) -> list[dict]:
         return [r for r in self.records if r.get("event") == event]
@@ -109,7 +165,7 @@ class WorkerGroup:
     def __init__(self, spec: TrainSpec, attempt: AttemptSpec, ranks: Sequence[int] | None = None,
                  on_record: Callable[[dict], object] | None = None, python: str = sys.executable,
                  env: dict[str, str] | None = None, stderr_lines: int = 40, grace_s: float = 5.0,
-                 stderr_to=None, pool: WarmPool | None = None):
+                 stderr_to=None, pool: WarmPool | None = None, log_dir: str | os.PathLike | None = None):
         self.spec, self.attempt = spec, attempt
         self.ranks = list(range(attempt.world_size)) if ranks is None else list(ranks)
         bad = [r for r in self.ranks if not 0 <= r < attempt.world_size]
@@ -119,11 +175,17 @@ class WorkerGroup:
         self.base_env = dict(os.environ if env is None else env)
         self.stderr_to = stderr_to
         self.pool = pool  # warm workers to start from (else each rank starts cold)
+        self.log_dir = Path(log_dir) if log_dir is not None else None
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.records: list[dict] = []
         self.stderr_tail = {r: collections.deque(maxlen=stderr_lines) for r in self.ranks}
+        self._logs: dict[int, object] = {}
         self._started: set[int] = set()
         self._stopping = False
+        self._published = False
+        self._store = None  # a script job's TCPStore, on the node of rank 0
+        self.master: tuple[str, int] | None = None  # a script job's MASTER_ADDR, MASTER_PORT
+        self._tasks: set[asyncio.Task] = set()
 
     @property
     def pids(self) -> dict[int, int]:
@@ -132,6 +194,12 @@ class WorkerGroup:
     async def start(self) -> None:
         if self.attempt.stop_file and os.path.exists(self.attempt.stop_file):
             os.unlink(self.attempt.stop_file)
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self._logs = {r: open(self.log_dir / f"rank-{r}.log", "a", buffering=1, errors="replace") for r in self.ranks}
+        if self.spec.is_script:
+            await self._start_script()
+            return
         payload = to_json(self.spec, self.attempt)
         for rank in self.ranks:
             args = ["--spec-json", payload, "--rank", str(rank)]
@@ -142,17 +210,51 @@ class WorkerGroup:
                 self.procs[rank] = proc = await start_standby(self.python, env)
                 await hand_arguments(proc, args)
 
+    async def _start_script(self) -> None:
+        self.master = master = await self._rendezvous()
+        argv = script_argv(self.spec, self.python)
+        for rank in self.ranks:
+            env = script_env(self.base_env, self.spec, self.attempt, rank, self.ranks, master)
+            self.procs[rank] = await asyncio.create_subprocess_exec(
+                *argv, cwd=self.spec.workdir or None, env=env, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=LINE_LIMIT,
+                start_new_session=True)  # (its own process group: a stop reaches the script's children too)
+
+    async def _rendezvous(self) -> tuple[str, int]:
+        """MASTER_ADDR and MASTER_PORT of a script job. The node of rank 0 hosts the attempt's TCPStore
+        itself (as torchrun's agent does, TORCHELASTIC_USE_AGENT_STORE), so no rank's exit can take it from
+        the others; at port 0 it publishes the port it got in the checkpoint folder, where the other nodes
+        wait for it."""
+        from omru.elastic import tcp_store
+
+        host, port = self.attempt.host, self.attempt.port
+        if 0 in self.ranks:
+            self._store = await asyncio.to_thread(tcp_store, host, port, None, self.attempt.timeout_s, True)
+            if port == 0:
+                os.makedirs(self.attempt.checkpoint_dir, exist_ok=True)
+                self.attempt.publish(f"{host}:{self._store.port}")
+                self._published = True
+            return host, self._store.port
+        if port == 0:
+            return await asyncio.to_thread(self.attempt.published)
+        return host, port
+
+    def _output(self, rank: int, line: str, stderr: bool) -> None:
+        """One line a rank printed: to its log file (and the stderr tail, and stderr_to, for stderr)."""
+        log = self._logs.get(rank)
+        if log is not None:
+            log.write(line + "\n")
+        if stderr:
+            self.stderr_tail[rank].append(line)
+            if self.stderr_to is not None:
+                print(f"[rank {rank}] {line}", file=self.stderr_to, flush=True)
+
     async def _read_records(self, rank: int, stream: asyncio.StreamReader) -> None:
         async for raw in stream:
-            line = raw.decode(errors="replace").strip()
-            if not line:
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                self.stderr_tail[rank].append(line)
-                continue
-            if not isinstance(record, dict):
+            text, record = parse_record(raw.decode(errors="replace").rstrip("\r\n"))
+            if text.strip():
+                self._output(rank, text, stderr=False)
+            if record is None:
                 continue
             self.records.append(record)
             if record.get("event") == "started":
@@ -164,10 +266,7 @@ class WorkerGroup:
 
     async def _read_stderr(self, rank: int, stream: asyncio.StreamReader) -> None:
         async for raw in stream:
-            line = raw.decode(errors="replace").rstrip()
-            self.stderr_tail[rank].append(line)
-            if self.stderr_to is not None:
-                print(f"[rank {rank}] {line}", file=self.stderr_to, flush=True)
+            self._output(rank, raw.decode(errors="replace").rstrip(), stderr=True)
 
     async def _supervise(self, rank: int) -> tuple[int, int]:
         proc = self.procs[rank]
@@ -193,17 +292,27 @@ class WorkerGroup:
         except BaseException:
             await self.terminate()
             raise
+        finally:
+            self._close_logs()
         return LaunchResult(self._outcome(failure), list(self.records), codes, failure)
 
+    def _close_logs(self) -> None:
+        for log in self._logs.values():
+            log.close()
+        self._logs = {}
+        if self._published:
+            with contextlib.suppress(OSError):
+                os.unlink(self.attempt.rendezvous_file)
+        self._store = None  # (the server stops with it)
+
     def _failure_message(self, rank: int, code: int) -> str:
+        """The rank, how it ended, and the error it reported or the last lines of its stderr."""
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        msg = f"rank {rank} (pid {self.procs[rank].pid}) {how}"
         reported = [r["message"] for r in self.records if r.get("event") == "failed" and r.get("rank") == rank]
-        if reported:
-            msg += f": {reported[-1]}"
-        elif self.stderr_tail[rank]:
-            msg += f"; last stderr line: {self.stderr_tail[rank][-1]}"
-        return msg
+        lines = [_RANK_PREFIX.sub("", line).strip()[:FAILURE_LINE_CHARS] for line in self.stderr_tail[rank]]
+        lines = [line for line in lines if line]
+        detail = reported[-1] if reported else " | ".join(lines[-FAILURE_LINES:])
+        return f"rank {rank} {how}" + (f": {detail}" if detail else "")
 
     def _outcome(self, failure: str) -> str:
         if failure:
@@ -214,11 +323,17 @@ class WorkerGroup:
         return "terminated" if self._stopping else "exited"
 
     def request_stop(self) -> None:
-        """Stop at the next epoch boundary (checkpoint, ``stopped`` record, exit 0)."""
+        """Stop at the next epoch boundary (checkpoint, ``stopped`` record, exit 0); now for ranks that
+        cannot (see the module docstring)."""
         if self.attempt.stop_file:
             os.makedirs(os.path.dirname(self.attempt.stop_file) or ".", exist_ok=True)
             with open(self.attempt.stop_file, "w"):
                 pass
+        if self.spec.is_script and self.procs and not set(self.procs) <= self._started:
+            task = asyncio.get_running_loop().create_task(self.terminate())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
         for rank in self._started:
             proc = self.procs[rank]
             if proc.returncode is None:
@@ -228,22 +343,24 @@ class WorkerGroup:
         """SIGTERM every live worker, SIGKILL what is left after ``grace_s``."""
         self._stopping = True
         live = [p for p in self.procs.values() if p.returncode is None]
+        group = self.spec.is_script  # a script runs in a process group of its own (with its children)
         for p in live:
-            _signal(p, signal.SIGTERM)
+            _signal(p, signal.SIGTERM, group)
         try:
             await asyncio.wait_for(asyncio.gather(*(p.wait() for p in live)), self.grace_s)
         except asyncio.TimeoutError:
             for p in live:
                 if p.returncode is None:
-                    _signal(p, signal.SIGKILL)
+                    _signal(p, signal.SIGKILL, group)
             await asyncio.gather(*(p.wait() for p in live))
 
 
-def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
-    try:
-        proc.send_signal(sig)
-    except ProcessLookupError:
-        pass
+def _signal(proc: asyncio.subprocess.Process, sig: int, group: bool = False) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
 
 
 def run_attempt(spec: TrainSpec, attempt: AttemptSpec, ranks: Sequence[int] | None = None,

@@ -1,7 +1,9 @@
 """What a worker trains (`TrainSpec`) and how one attempt is launched (`AttemptSpec`).
 
 `TrainSpec` mirrors the proto ``JobSpec``: it is what the user submitted and it
-stays the same across restarts and resizes. `AttemptSpec` is the per-attempt
+stays the same across restarts and resizes. A job either trains a model of the
+zoo on a data set, or is a script job: ``command`` (the argument list each
+rank runs, see launch.py for its environment), ``workdir`` and ``env``. `AttemptSpec` is the per-attempt
 launch information: world size, the device of every rank, the rendezvous
 endpoint, where checkpoints live, the stop-request file, and an optional
 profile mode. Both are frozen and validated at construction; a bad value
@@ -21,7 +23,12 @@ from dataclasses import asdict, dataclass, fields
 from services.executor.worker import zoo
 
 DATASET_KINDS = ("digits", "synthetic", "imagefolder:<dir>", "clips:<dir>")
+DEFAULT_DATASET = "digits"
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Variables the executor sets for a script job (its env may not replace them).
+RESERVED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "CUDA_VISIBLE_DEVICES")
 
 
 class SpecError(ValueError):
@@ -63,8 +70,8 @@ class TrainSpec:
     """One training job, as submitted (mirrors the proto JobSpec)."""
 
     job_id: str
-    model: str
-    dataset: str = "digits"
+    model: str = ""  # "" for a script job
+    dataset: str = ""  # "" = DEFAULT_DATASET for a zoo job; "" for a script job
     epochs: int = 1
     batch_size: int = 32  # per GPU / slot
     base_lr: float = 0.1
@@ -80,10 +87,55 @@ class TrainSpec:
     seed: int = 0
     train_samples: int = 0  # 0 = whole training split; otherwise caps an epoch
     lr_decay: str = "none"  # "none" (constant after warm-up) or "cosine" (see lsr.py)
+    command: tuple[str, ...] = ()  # a script job: program and arguments each rank runs
+    workdir: str = ""  # absolute folder the command runs in ("" = the executor's working directory)
+    env: tuple[tuple[str, str], ...] = ()  # extra environment of the command (a mapping is accepted)
 
     def __post_init__(self) -> None:
         _require(isinstance(self.job_id, str) and bool(_JOB_ID.match(self.job_id)), "job_id",
                  f"must be 1-128 characters of letters, digits, '.', '_', '-', got {self.job_id!r}")
+        self._check_script()
+        for name in ("epochs", "batch_size", "base_batch", "min_gpus", "max_gpus"):
+            _int_field(self, name, 1)
+        _int_field(self, "seed", 0)
+        _float_field(self, "base_lr", 0.0, strict=True)
+        _float_field(self, "warmup_epochs", 0.0)
+        _require(self.max_gpus >= self.min_gpus, "max_gpus", f"must be >= min_gpus ({self.min_gpus}), got {self.max_gpus}")
+        _require(self.lr_decay in ("none", "cosine"), "lr_decay", f"must be 'none' or 'cosine', got {self.lr_decay!r}")
+        if not self.is_script:
+            self._check_zoo()
+
+    def _check_script(self) -> None:
+        command, env = self.command, self.env
+        _require(isinstance(command, (list, tuple)) and all(isinstance(a, str) and a for a in command), "command",
+                 f"must be a list of non-empty strings (program, arguments), got {command!r}")
+        object.__setattr__(self, "command", tuple(command))
+        if isinstance(env, dict):
+            env = tuple(env.items())
+        _require(isinstance(env, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in env),
+                 "env", f"must map variable names to strings, got {self.env!r}")
+        for name, value in env:
+            _require(isinstance(name, str) and bool(_ENV_NAME.match(name)), "env",
+                     f"{name!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            _require(isinstance(value, str), "env", f"{name}: must be a string, got {value!r}")
+            _require(name not in RESERVED_ENV and not name.startswith("OMRU_"), "env",
+                     f"{name} is set by the executor (RANK, WORLD_SIZE, MASTER_*, OMRU_*, ...)")
+        object.__setattr__(self, "env", tuple(sorted((k, v) for k, v in env)))
+        _require(isinstance(self.workdir, str) and (not self.workdir or os.path.isabs(self.workdir)), "workdir",
+                 f"must be an absolute folder path, got {self.workdir!r}")
+        if self.command:
+            _require(self.model == "", "model", f"a script job (command {self.command[0]!r}) has no model, got "
+                     f"{self.model!r}: give model and dataset, or command")
+            _require(self.dataset == "", "dataset", f"a script job (command {self.command[0]!r}) reads its own "
+                     f"data, got {self.dataset!r}: give model and dataset, or command")
+        else:
+            for name in ("workdir", "env"):
+                _require(not getattr(self, name), name, f"only a script job (command) has one, got {getattr(self, name)!r}")
+            _require(bool(self.model), "model", "is required (a model of the zoo), unless the job gives a command")
+
+    def _check_zoo(self) -> None:
+        if self.dataset == "":
+            object.__setattr__(self, "dataset", DEFAULT_DATASET)
         try:
             entry = zoo.entry(self.model)
         except zoo.UnknownModelError as exc:
@@ -91,17 +143,12 @@ class TrainSpec:
         kind, arg = dataset_kind(self.dataset) if isinstance(self.dataset, str) else ("", "")
         _require(kind in ("digits", "synthetic", "imagefolder", "clips") and (bool(arg) == (kind in ("imagefolder", "clips"))),
                  "dataset", f"must be one of {', '.join(DATASET_KINDS)}, got {self.dataset!r}")
-        for name in ("epochs", "batch_size", "base_batch", "image_size", "min_gpus", "max_gpus"):
-            _int_field(self, name, 1)
-        for name in ("num_classes", "frames", "seed", "train_samples"):
+        _int_field(self, "image_size", 1)
+        for name in ("num_classes", "frames", "train_samples"):
             _int_field(self, name, 0)
-        _require(self.lr_decay in ("none", "cosine"), "lr_decay", f"must be 'none' or 'cosine', got {self.lr_decay!r}")
         _require(self.num_classes != 1, "num_classes", "must be 0 (from the data) or >= 2, got 1")
-        _float_field(self, "base_lr", 0.0, strict=True)
-        _float_field(self, "warmup_epochs", 0.0)
         _float_field(self, "momentum", 0.0, maximum=1.0)
         _float_field(self, "weight_decay", 0.0)
-        _require(self.max_gpus >= self.min_gpus, "max_gpus", f"must be >= min_gpus ({self.min_gpus}), got {self.max_gpus}")
         if entry.kind == "video":
             _require(self.frames >= 1, "frames", f"model {self.model} is a video model and needs frames >= 1, got {self.frames}")
             _require(kind in ("synthetic", "clips"), "dataset",
@@ -111,16 +158,24 @@ class TrainSpec:
             _require(kind != "clips", "dataset", f"image model {self.model} cannot train on clips ({self.dataset!r})")
 
     @property
+    def is_script(self) -> bool:
+        """True for a script job (command given), False for a model of the zoo."""
+        return bool(self.command)
+
+    @property
     def is_video(self) -> bool:
-        return zoo.entry(self.model).kind == "video"
+        return not self.is_script and zoo.entry(self.model).kind == "video"
 
     def fingerprint(self) -> str:
-        """Identifies the parameter shapes a checkpoint holds: model, classes, input."""
-        key = json.dumps([self.model, self.num_classes, self.image_size, self.frames, self.dataset])
+        """Identifies the parameter shapes a checkpoint holds: model, classes, input (a script job: its command)."""
+        key = json.dumps([self.model, self.num_classes, self.image_size, self.frames, self.dataset]
+                         + ([list(self.command), self.workdir] if self.is_script else []))
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["command"], d["env"] = list(self.command), dict(self.env)
+        return d
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainSpec":
@@ -217,6 +272,27 @@ class AttemptSpec:
         except (OSError, ValueError):
             return False
         return (time.time() if now is None else now) > deadline
+
+    def publish(self, endpoint: str) -> None:
+        """Rank 0's side: write the ``host:port`` it bound to `rendezvous_file` at once as a whole."""
+        partial = f"{self.rendezvous_file}.{os.getpid()}.partial"
+        with open(partial, "w") as f:
+            f.write(endpoint)
+        os.replace(partial, self.rendezvous_file)
+
+    def published(self) -> tuple[str, int]:
+        """The other ranks' side: the (host, port) rank 0 published; TimeoutError naming the file after timeout_s."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                with open(self.rendezvous_file) as f:
+                    host, _, port = f.read().strip().rpartition(":")
+                return host, int(port)
+            except (FileNotFoundError, ValueError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"rank 0 did not publish its rendezvous in {self.rendezvous_file} "
+                                       f"within {self.timeout_s:.0f} s") from None
+                time.sleep(0.05)
 
     def to_dict(self) -> dict:
         d = asdict(self)
