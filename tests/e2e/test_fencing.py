@@ -1,0 +1,112 @@
+"""Fencing end to end: a node whose lease lapses stops what it runs; an executor's workers die with it.
+
+The probes of issue 19 on real processes (etcd, registry, planner, executor
+processes, gloo workers), audited from the executors' own events: every
+epoch is reported once and no GPU ever had two owners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from services.planner import report
+from tests.e2e.test_batch import record, run_until_done, start_nodes
+from tests.e2e.test_faults import wait_epochs
+from tests.planner_service.planner_helpers import planner
+
+
+def audit(events, jobs) -> None:
+    """Every epoch of every job reported exactly once; no GPU held by two jobs at once."""
+    for j in jobs:
+        counts = collections.Counter(e.epoch for e in events if e.job_id == j.job_id and e.kind == "epoch_done")
+        assert counts == collections.Counter(range(1, j.epochs + 1)), (j.job_id, counts)
+    assert report.ownership_conflicts(report.holds(events)) == []
+
+
+async def ready(d, gpus: int) -> None:
+    for _ in range(150):
+        if len(d.live_gpus()) == gpus:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the planner sees {len(d.live_gpus())} GPUs, not {gpus}")
+
+
+def children(pid: int) -> set[int]:
+    """Every process below pid (workers and their helpers)."""
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = {int(c) for c in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            todo += list(kids - found)
+            found |= kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+async def test_an_executor_paused_past_its_lease_stops_its_work_and_nothing_trains_twice(
+        etcd, registry, start_service, tmp_path):
+    ttl = 3
+    nodes = await start_nodes(start_service, registry, tmp_path, n=2, slots=1, ttl=ttl)
+    jobs = [replace(record("j", 8, 0, samples=300), max_gpus=1)]  # on one node
+    async with planner(etcd.endpoint, registry.address, checkpoint_root=str(tmp_path / "ckpt")) as (_, d, _stub):
+        await ready(d, 2)
+        await d.submit(jobs)
+        victim = await wait_epochs(d, "j", 2)
+        paused = nodes[int(victim.gpus[0][0].rsplit("-", 1)[1])]
+        os.kill(paused.proc.pid, signal.SIGSTOP)  # the executor only: its worker trains on, reading the lease file
+        try:
+            moved = time.monotonic() + 60
+            while time.monotonic() < moved:  # its lease lapses; the job goes to the other node
+                r = await d.state.job("j")
+                if r.gpus and r.gpus[0][0] != victim.gpus[0][0] and r.state == "RUNNING":
+                    break
+                await asyncio.sleep(0.3)
+            else:
+                raise AssertionError(f"the job did not move off the paused node: {r}")
+        finally:
+            os.kill(paused.proc.pid, signal.SIGCONT)
+        done = await run_until_done(d, ["j"], timeout_s=240)
+        events = await d.state.events()
+        nodes_now = {g[0] for g in d.live_gpus()}
+    assert done["j"].state == "FINISHED", done["j"]
+    audit(events, jobs)
+    assert nodes_now == {"node-0", "node-1"}  # the resumed node registered again
+
+
+async def test_an_executor_killed_alone_takes_its_workers_with_it(etcd, registry, start_service, tmp_path):
+    nodes = await start_nodes(start_service, registry, tmp_path, n=2, slots=1, ttl=3)
+    jobs = [replace(record("j", 6, 0, samples=300), max_gpus=1)]
+    async with planner(etcd.endpoint, registry.address, checkpoint_root=str(tmp_path / "ckpt")) as (_, d, _stub):
+        await ready(d, 2)
+        await d.submit(jobs)
+        victim = await wait_epochs(d, "j", 1)
+        killed = nodes[int(victim.gpus[0][0].rsplit("-", 1)[1])]
+        workers = children(killed.proc.pid)
+        assert workers, "no worker process under the executor"
+        os.kill(killed.proc.pid, signal.SIGKILL)  # the executor alone, not its process group
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in workers) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not [p for p in workers if alive(p)], "workers outlived their executor"
+        done = await run_until_done(d, ["j"], timeout_s=240)
+        events = await d.state.events()
+    assert done["j"].state == "FINISHED", done["j"]
+    # the killed attempt sent nothing after its executor died: every epoch is reported once
+    audit(events, jobs)
