@@ -66,6 +66,9 @@ REPLAN_QUIET_MAX_S = 2.0
 FOLLOW_EVERY_S = 5.0
 #: Seconds before a refused claim is tried again.
 CLAIM_RETRY_S = 0.2
+#: A job its executors refuse this many times in a row (a placement or spec they cannot run) fails,
+#: with their reason, rather than being replanned onto the same refusal again and again.
+MAX_REFUSALS = 3
 #: A step that should have begun this share of the plan's makespan ago, while a GPU it needs idles,
 #: makes the planner replan.
 REPLAN_LATE = 0.05
@@ -155,6 +158,7 @@ class Dispatcher:
         self.owner: dict[Gpu, str] = {}  # GPU -> the job whose claim holds it (this planner writes claims)
         self._profiling: set[str] = set()
         self._measured: set[str] = set()  # attempts whose start overhead is measured
+        self._refusals: dict[str, int] = {}  # job -> directives refused in a row
         self._lock = asyncio.Lock()
         self._follow_needed = asyncio.Event()
         self.records: dict[str, JobRecord] = {}  # every job, as stored (this planner is their one writer)
@@ -383,6 +387,7 @@ class Dispatcher:
             return
         current = e.attempt_id == r.attempt_id
         if e.kind == "started" and current and not r.terminal:
+            self._refusals.pop(r.job_id, None)
             await self._update(r.job_id, lambda c: replace(c, state=st.RUNNING, gpus=c.target, world_size=len(c.target),
                                                            progress_s=e.time_s)
                                if c.attempt_id == e.attempt_id and not c.terminal else None)
@@ -415,13 +420,19 @@ class Dispatcher:
                     del self._after_release[r.job_id]
                     await self._write(r.job_id, put=waiting[0])
             self._follow_soon()
-        elif e.kind == "failed" and current and not r.terminal and is_refusal(e.message):
+        elif e.kind == "failed" and current and not r.terminal and is_refusal(e.message) and (
+                self._refused(r.job_id) < MAX_REFUSALS):
             await self._requeue(r, f"{e.node_id} refused it ({e.message})")
         elif e.kind == "failed" and current and not r.terminal:
             await self._deallocate(r, r.gpus + r.target)
             await self._update(r.job_id, lambda c: None if c.terminal or c.attempt_id != e.attempt_id else replace(
                 c, state=st.FAILED, finished_s=e.time_s, message=f"failed on {e.node_id}: {e.message}" if e.message else f"failed on {e.node_id}"))
             self.poke()
+
+    def _refused(self, job_id: str) -> int:
+        """Count one more refusal of the job's directives in a row; the count."""
+        self._refusals[job_id] = self._refusals.get(job_id, 0) + 1
+        return self._refusals[job_id]
 
     async def _write(self, job_id: str, **change) -> bool:
         """One desired-state transaction for the job (PlannerState.change); False when a GPU to claim is
@@ -647,7 +658,10 @@ class Dispatcher:
         done = dict(base)
         steps = []
         for s in sorted(result.segments, key=lambda s: (s.start_s, s.job)):
-            steps.append(Step(s.job, tuple(gpus[i] for i in s.gpus), done[s.job], s.start_s, s.epochs))
+            # a policy may spread a job wider than it may run (its table only discourages it): it runs
+            # on the first max_gpus of them, which it can, and the rest idle
+            cap = self.records[s.job].max_gpus or len(s.gpus)
+            steps.append(Step(s.job, tuple(gpus[i] for i in s.gpus[:cap]), done[s.job], s.start_s, s.epochs))
             done[s.job] += s.epochs
         record = {
             "version": 0, "policy": name, "created_unix_s": time.time(), "planning_seconds": seconds,

@@ -82,3 +82,34 @@ async def test_a_failing_script_says_why_and_two_scripts_finish_the_elastic_one_
     finished_plain = min(e.time_s for e in events if e.job_id == "plain" and e.kind == "finished")
     grown = min(e.time_s for e in events if e.job_id == "elastic" and e.kind == "started" and e.world_size == 2)
     assert grown >= finished_plain
+
+
+async def test_a_job_no_node_can_run_fails_naming_why_and_a_spread_never_exceeds_max_gpus(
+        etcd, registry, start_service, tmp_path):
+    from dataclasses import replace
+
+    from services.planner.dispatcher import MAX_REFUSALS
+
+    await start_nodes(start_service, registry, tmp_path, n=1, slots=2)
+    async with planner(etcd.endpoint, registry.address, checkpoint_root=str(tmp_path / "ckpt"),
+                       learn_profiles=False) as (_running, d, _stub):
+        for _ in range(100):
+            if len(d.live_gpus()) == 2:
+                break
+            await asyncio.sleep(0.1)
+        d.policy_in_force = "parallel"  # spreads a lone job over every GPU
+
+        nowhere = script("nowhere", ["python", "examples/train_ddp.py"], 2, {1: 4.0, 2: 4.0})
+        nowhere.spec["workdir"] = str(tmp_path / "no-such-folder")
+        await d.submit([nowhere])
+        failed = (await run_until_done(d, ["nowhere"], timeout_s=60))["nowhere"]
+        assert failed.state == "FAILED" and "refused" in failed.message and "no-such-folder" in failed.message, failed
+        assert failed.attempt <= 2 * MAX_REFUSALS, failed  # replanned a few times, then given up
+
+        narrow = replace(script("narrow", ["python", "examples/train_ddp.py", "--epochs", "2", "--samples", "256"], 2,
+                                {1: 4.0, 2: 4.0}), max_gpus=1)
+        await d.submit([narrow])
+        done = await run_until_done(d, ["narrow"], timeout_s=120)
+        events = await d.state.events()
+    assert done["narrow"].state == "FINISHED", done["narrow"]
+    assert {e.world_size for e in events if e.job_id == "narrow" and e.kind == "started"} == {1}
