@@ -74,6 +74,7 @@ class JobResult:
     planned_finish_s: float
     actual_finish_s: float
     gpu_seconds: float
+    message: str = ""  # why it failed, where it did
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def _plan(p) -> PlanInfo:
 def _report(r) -> ReportInfo:
     return ReportInfo(r.makespan_s, r.planned_makespan_s, r.utilisation, r.policy, r.gpus, r.lower_bound_s, tuple(
         JobResult(j.job_id, _state(j.state), j.epochs_done, j.accuracy, j.planned_finish_s, j.actual_finish_s,
-                  j.gpu_seconds) for j in r.jobs))
+                  j.gpu_seconds, j.message) for j in r.jobs))
 
 
 def _requests(jobs, policy: str):

@@ -46,7 +46,7 @@ class JobUpdate(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., epochs_done: _Optional[int] = ..., world_size: _Optional[int] = ..., accuracy: _Optional[float] = ..., plan_version: _Optional[int] = ..., revision: _Optional[int] = ..., message: _Optional[str] = ..., time_unix_s: _Optional[float] = ..., epochs: _Optional[int] = ...) -> None: ...
 
 class JobResult(_message.Message):
-    __slots__ = ("job_id", "state", "epochs_done", "accuracy", "planned_finish_s", "actual_finish_s", "gpu_seconds", "world_sizes")
+    __slots__ = ("job_id", "state", "epochs_done", "accuracy", "planned_finish_s", "actual_finish_s", "gpu_seconds", "world_sizes", "message")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_DONE_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class JobResult(_message.Message):
     ACTUAL_FINISH_S_FIELD_NUMBER: _ClassVar[int]
     GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: _common_pb2.JobState
     epochs_done: int
@@ -63,7 +64,8 @@ class JobResult(_message.Message):
     actual_finish_s: float
     gpu_seconds: float
     world_sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., epochs_done: _Optional[int] = ..., accuracy: _Optional[float] = ..., planned_finish_s: _Optional[float] = ..., actual_finish_s: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., world_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., epochs_done: _Optional[int] = ..., accuracy: _Optional[float] = ..., planned_finish_s: _Optional[float] = ..., actual_finish_s: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., world_sizes: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GpuHold(_message.Message):
     __slots__ = ("job_id", "attempt_id", "gpu", "start_s", "end_s", "world_size")

@@ -87,7 +87,7 @@ def planned_segments(p: dict | None) -> list[report.PlannedSegment]:
             for s in p["segments"]]
 
 
-def report_proto(f: report.Figures, states: dict[str, str], holds=(), first_plan: dict | None = None,
+def report_proto(f: report.Figures, holds=(), first_plan: dict | None = None,
                  origin_s: float = 0.0) -> planner_pb2.Report:
     return planner_pb2.Report(
         makespan_s=f.makespan_s, planned_makespan_s=f.planned_makespan_s, utilisation=f.utilisation,
@@ -99,9 +99,10 @@ def report_proto(f: report.Figures, states: dict[str, str], holds=(), first_plan
         resizes=[planner_pb2.Resize(job_id=r.job_id, time_s=r.time_s, from_size=r.from_size, to_size=r.to_size)
                  for r in f.resizes],
         jobs=[planner_pb2.JobResult(
-            job_id=j.job_id, state=common_pb2.JobState.Value(f"JOB_STATE_{states.get(j.job_id, 'PENDING')}"),
+            job_id=j.job_id, state=common_pb2.JobState.Value(f"JOB_STATE_{j.state or 'PENDING'}"),
             epochs_done=j.epochs_done, accuracy=j.accuracy, planned_finish_s=j.planned_finish_s,
-            actual_finish_s=j.actual_finish_s, gpu_seconds=j.gpu_seconds, world_sizes=list(j.world_sizes))
+            actual_finish_s=j.actual_finish_s, gpu_seconds=j.gpu_seconds, world_sizes=list(j.world_sizes),
+            message=j.message)
             for j in f.jobs])
 
 

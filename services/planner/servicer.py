@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import grpc
 
@@ -129,12 +130,13 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
 
     @grpc_errors
     async def GetReport(self, request, context):
-        figures, states, holds, first, origin = await build_report(self.dispatcher)
-        return planner_pb2.GetReportResponse(report=convert.report_proto(figures, states, holds, first, origin))
+        figures, holds, first, origin = await build_report(self.dispatcher)
+        return planner_pb2.GetReportResponse(report=convert.report_proto(figures, holds, first, origin))
 
 
-async def build_report(d: Dispatcher) -> tuple[report.Figures, dict[str, str], list, dict | None, float]:
-    """The figures of the batch so far, from the stored executor events and the first plan.
+async def build_report(d: Dispatcher) -> tuple[report.Figures, list, dict | None, float]:
+    """(figures, holds, first plan, origin) of the batch so far, from the stored executor events and the
+    first plan; each job's state and failure reason from its record.
 
     Only the planner's own jobs count: profiling trials the profiler ran
     through the executors are not part of the batch."""
@@ -147,7 +149,11 @@ async def build_report(d: Dispatcher) -> tuple[report.Figures, dict[str, str], l
                              plan_origin_s=first["created_unix_s"] if first else None,
                              policy=first["policy"] if first else d.policy_in_force, now_s=time.time(),
                              jobs=sorted(known), lower_bound_s=_lower_bound(first, origin))
-    return figures, {r.job_id: r.state for r in jobs}, report.holds(events, now_s=time.time()), first, origin
+    records = {r.job_id: r for r in jobs}
+    figures = replace(figures, jobs=tuple(
+        replace(j, state=records[j.job_id].state, message=records[j.job_id].message if records[j.job_id].state == st.FAILED
+                else "") for j in figures.jobs))
+    return figures, report.holds(events, now_s=time.time()), first, origin
 
 
 def _lower_bound(first: dict | None, origin: float) -> float:

@@ -19,9 +19,8 @@ def register(subparsers) -> None:
     p.set_defaults(func=handle)
 
 
-def figures_of(proto, statuses=()):
-    """A Report proto -> (report.Figures, holds, first-plan segments, plan origin); statuses (`omru.client.JobStatus`)
-    give each job's state and message (why a failed job failed)."""
+def figures_of(proto):
+    """A Report proto -> (report.Figures, holds, first-plan segments, plan origin)."""
     from services.planner import report
 
     holds = [report.Hold(h.job_id, h.attempt_id, h.gpu.node_id, ((h.gpu.node_id, h.gpu.index),), h.start_s, h.end_s,
@@ -29,12 +28,12 @@ def figures_of(proto, statuses=()):
     first = proto.first_plan
     segments = [report.PlannedSegment(s.job_id, s.start_s, s.end_s, tuple((g.node_id, g.index) for g in s.gpus))
                 for s in first.segments]
-    messages, names = {st.job_id: st.message for st in statuses}, _state_names()
+    names = _state_names()
     jobs = tuple(report.JobFigures(
         job_id=j.job_id, finished=j.state == 7, epochs_done=j.epochs_done, accuracy=j.accuracy,
         actual_finish_s=j.actual_finish_s, planned_finish_s=j.planned_finish_s, gpu_seconds=j.gpu_seconds,
         world_sizes=tuple(j.world_sizes), state=names.get(j.state, ""),
-        message=messages.get(j.job_id, "")) for j in proto.jobs)
+        message=j.message) for j in proto.jobs)
     resizes = tuple(report.Resize(r.job_id, r.time_s, r.from_size, r.to_size) for r in proto.resizes)
     f = report.Figures(makespan_s=proto.makespan_s, planned_makespan_s=proto.planned_makespan_s,
                        utilisation=proto.utilisation, compute_utilisation=proto.compute_utilisation,
@@ -43,14 +42,14 @@ def figures_of(proto, statuses=()):
     return f, holds, segments, shift
 
 
-def write(proto, json_file: str | None, gantt_file: str | None, out=None, statuses=()) -> "object":
+def write(proto, json_file: str | None, gantt_file: str | None, out=None) -> "object":
     """Print the text report, write the JSON and the Gantt PNG when asked; returns the Figures."""
     import json
     import sys
 
     from services.planner import report
 
-    f, holds, segments, plan_shift = figures_of(proto, statuses)
+    f, holds, segments, plan_shift = figures_of(proto)
     print(report.text(f), file=out or sys.stdout)
     if json_file:
         with open(json_file, "w", encoding="utf-8") as fh:
@@ -68,8 +67,7 @@ def handle(args) -> int:
     with plannerargs.client(args) as c:
         try:
             proto = c.report_proto()
-            statuses = c.status()
         except grpc.RpcError as exc:
             raise plannerargs.rpc_error(exc) from None
-    write(proto, args.json_file, args.gantt, statuses=statuses)
+    write(proto, args.json_file, args.gantt)
     return 0
