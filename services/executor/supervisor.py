@@ -803,17 +803,17 @@ class Supervisor:
         if job.pending is not None:
             held += [g for g in job.pending.gpus if g.node_id == self.node_id and g not in held]
             job.pending = None
-        await self._release(job, held)
+        await self._release(job, held, why=message if state is JobState.STOPPED else "")
 
-    async def _release(self, job: _Job, gpus: list[Gpu], announce: bool = True) -> None:
+    async def _release(self, job: _Job, gpus: list[Gpu], announce: bool = True, why: str = "") -> None:
         if not gpus:
             return
-        note = ""
+        note = why
         try:
             if not job.allocated:
                 await self.claims.release(job.job_id, gpus)
         except Exception as exc:  # the node lease drops the claims anyway when the registry is gone
-            note = f"registry release failed: {exc}"
+            note = "; ".join(filter(None, (why, f"registry release failed: {exc}")))
             log.warning("gpu_release_failed", job_id=job.job_id, gpus=[str(g) for g in gpus], error=str(exc))
         if announce:
             self.events.append(job.job_id, EventKind.GPUS_RELEASED, gpus=tuple(gpus), message=note,

@@ -60,7 +60,7 @@ async def test_three_jobs_on_two_nodes_finish_reuse_released_gpus_and_never_shar
         jobs = [record("long", 12, 0, samples=800), record("a", 2, 1), record("b", 3, 2)]
         created, _ = await d.submit(jobs)
         assert created
-        done = await run_until_done(d, [j.job_id for j in jobs], timeout_s=240)
+        done = await run_until_done(d, [j.job_id for j in jobs], timeout_s=480)
         events = await d.state.events()
         served, *_ = await build_report(d)
     # the report's lower bound (LB_fluid of the first plan's problem) is below the planned makespan
