@@ -161,7 +161,7 @@ class PlannerConfig:
     checkpoint_root: str = ""  # folder every node sees; "" = <tmp>/omru-checkpoints (one machine only)
     start_overhead_s: float = 4.0  # prior of a start's (restart's) cost until one is measured
     time_scale: float = 1.0  # job seconds per wall second: > 1 only for an emulated cluster (omru emulate)
-    leader_ttl_s: int = 5  # the leader's lease: a standby takes over within this and a poll after it dies
+    leader_ttl_s: int = 15  # the leader's lease: a standby takes over within this and a poll after it dies
 
     def __post_init__(self) -> None:
         check_endpoint("registry address", self.registry)

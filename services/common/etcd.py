@@ -473,14 +473,17 @@ class Election:
         return kv.value.decode() if kv is not None else ""
 
     async def _keep_alive(self) -> None:
+        delay = self.ttl_seconds / 3
         while True:
-            await asyncio.sleep(self.ttl_seconds / 3)
+            await asyncio.sleep(delay)
             try:
                 left = await self.store.refresh_lease(self.lease)
-            except EtcdUnavailable:
-                continue  # etcd away: the lease may still hold; the fence decides
+            except EtcdUnavailable:  # etcd away or slow: the lease may still hold (the fence decides); soon again
+                delay = min(1.0, self.ttl_seconds / 3)
+                continue
             except LeaseNotFound:
                 left = 0
+            delay = self.ttl_seconds / 3
             if left <= 0:
                 log.warning("leader_lease_lost", key=self.key, identity=self.identity)
                 self.lost.set()

@@ -581,7 +581,7 @@ class Supervisor:
         job.pending = d
         if previous is not None:  # a newer resize replaces a pending one
             await self._release(job, [g for g in previous.gpus if g.node_id == self.node_id
-                                      and g not in job.gpus and g not in new], announce=False)
+                                      and g not in job.gpus and g not in new])
         if job.state is not JobState.RESIZING:
             job.move(JobState.RESIZING, f"resize to {len(d.gpus)} GPUs requested by {d.directive_id}")
         if job.group is not None:
@@ -594,8 +594,7 @@ class Supervisor:
             return
         if job.pending is not None:
             pending, job.pending = job.pending, None
-            await self._release(job, [g for g in pending.gpus if g.node_id == self.node_id and g not in job.gpus],
-                                announce=False)
+            await self._release(job, [g for g in pending.gpus if g.node_id == self.node_id and g not in job.gpus])
         job.move(JobState.STOPPING, f"stop requested by {d.directive_id}")
         if job.group is not None:
             job.group.request_stop()
@@ -805,7 +804,9 @@ class Supervisor:
             job.pending = None
         await self._release(job, held, why=message if state is JobState.STOPPED else "")
 
-    async def _release(self, job: _Job, gpus: list[Gpu], announce: bool = True, why: str = "") -> None:
+    async def _release(self, job: _Job, gpus: list[Gpu], why: str = "") -> None:
+        """Give the GPUs up and say so (GPUS_RELEASED, under the running attempt): the planner, which
+        claimed them for an allocation, gives up its claims only on that event."""
         if not gpus:
             return
         note = why
@@ -815,10 +816,8 @@ class Supervisor:
         except Exception as exc:  # the node lease drops the claims anyway when the registry is gone
             note = "; ".join(filter(None, (why, f"registry release failed: {exc}")))
             log.warning("gpu_release_failed", job_id=job.job_id, gpus=[str(g) for g in gpus], error=str(exc))
-        if announce:
-            self.events.append(job.job_id, EventKind.GPUS_RELEASED, gpus=tuple(gpus), message=note,
-                               attempt_id=job.attempt_base, world_size=len(job.gpus),
-                               epoch=job.epochs_done)
+        self.events.append(job.job_id, EventKind.GPUS_RELEASED, gpus=tuple(gpus), message=note,
+                           attempt_id=job.attempt_base, world_size=len(job.gpus), epoch=job.epochs_done)
 
     # --- shutdown --------------------------------------------------------------------
 

@@ -11,8 +11,9 @@ more than REPLAN_DEVIATION, or nothing planned can start while every job
 waits. It plans the remaining work with the policy from the core registry
 (epoch times = profile + measured start overhead spread over the remaining
 epochs), giving the core the epoch each running job is in, on the GPUs it
-holds, as committed history; the planning runs in a thread and everything
-keeps going meanwhile.
+holds, as committed history; the planning runs in a thread (a large problem:
+in a child process, so that it does not starve the event loop of the GIL:
+lease keep-alives, executor events) and everything keeps going meanwhile.
 
 Following (`_follow`, on every event that frees GPUs or brings a job to a
 planned move) begins the planned steps whose time has really come, on exactly
@@ -74,6 +75,8 @@ MAX_REFUSALS = 3
 REPLAN_LATE = 0.05
 #: A job whose mean epoch time departs from the plan's by more than this share makes the planner replan.
 REPLAN_DEVIATION = 0.10
+#: Problems of at least this many (job, GPU count) epoch times plan in a child process, not a thread.
+PROCESS_PLAN_MIN = 20_000
 
 
 # --- epoch tables --------------------------------------------------------------
@@ -89,9 +92,11 @@ def epoch_table(profile: Mapping[int, float], gpus: int, min_gpus: int = 1, max_
     """
     known = sorted(profile)
     table: dict[int, float] = {}
+    below = 0  # how many measured counts are <= g
     for g in range(1, gpus + 1):
-        below = [k for k in known if k <= g]
-        table[g] = profile[below[-1]] if below else profile[known[0]] * known[0] / g
+        while below < len(known) and known[below] <= g:
+            below += 1
+        table[g] = profile[known[below - 1]] if below else profile[known[0]] * known[0] / g
     if max_gpus:
         for g in range(max_gpus + 1, gpus + 1):
             table[g] = table[max_gpus] * (1 + 0.01 * (g - max_gpus))
@@ -166,13 +171,17 @@ class Dispatcher:
         self._steps_of: dict[str, list[Step]] = {}  # the same, by job (_adopt keeps both)
         self._tau: dict[str, dict[int, float]] = {}  # the epoch times the plan assumed, by job and GPU count
         self._deviated: set[str] = set()  # jobs that made the planner replan since the last plan
-        self._after_release: dict[str, tuple] = {}  # job -> (directive, nodes, old GPUs not yet released)
+        self._table_cache: dict[str, tuple] = {}  # job -> (inputs, epoch tables) of the last replan
+        self._first_plan_stored = False  # the batch's first plan is in etcd (it alone needs LB_fluid)
+        self._after_release: dict[str, tuple] = {}  # job -> (allocations to put, old GPUs not yet released)
         self._plan_origin = 0.0  # when the plan in force starts (Unix seconds)
         self._plan_makespan = 0.0  # its makespan (plan seconds)
         self.deposed = asyncio.Event()  # a write was fenced off: another planner leads now
         self.standby_of = None  # the Election this planner campaigns in (None: it was started directly)
         self.plan_version = 0
+        self._late_in = -1  # the plan version found late (and replanned on) last
         self.policy_in_force = self.default_policy
+        self._pool = None  # the child processes large problems plan in (started on the first one)
 
     # lifecycle ----------------------------------------------------------------
 
@@ -199,6 +208,9 @@ class Dispatcher:
         self._tasks, self._followers, self._channels, self.nodes = [], {}, {}, {}
         self._adopt([])
         self.deposed.clear()
+        if self._pool is not None:  # (a plan under way ends with its child, which then exits)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     @property
     def leading(self) -> bool:
@@ -278,6 +290,7 @@ class Dispatcher:
         r = await self.state.job(job_id)
         if r is None or r.terminal:
             return r
+        await self._forget_later(r)
         await self._deallocate(r, r.gpus + r.target)  # its GPUs come back as its executors release them
         r = await self._update(job_id, lambda c: None if c.terminal else replace(
             c, state=st.CANCELLED, finished_s=time.time(), message="cancelled by a client"))
@@ -345,12 +358,19 @@ class Dispatcher:
     async def _requeue(self, r: JobRecord, why: str) -> None:
         """Stop the job's attempt wherever it runs and let it wait for the next plan (it resumes from its
         last checkpoint); its GPUs come back as its executors release them."""
-        self._after_release.pop(r.job_id, None)
+        await self._forget_later(r)
         await self._deallocate(r, [g for g in r.gpus + r.target if g[0] in self.nodes])
         await self._update(r.job_id, lambda c: None if c.terminal else replace(
             c, state=st.WAITING, gpus=(), target=(), world_size=0, attempt=c.attempt + 1,
             message=f"{why}; resumes from its last checkpoint"))
         self.poke()
+
+    async def _forget_later(self, r: JobRecord) -> None:
+        """Drop the allocations the job's move still waited to put: no executor got them, so the planner
+        itself gives up the GPUs it claimed there."""
+        later = self._after_release.pop(r.job_id, None)
+        if later is not None:
+            await self._release(r.job_id, [g for g in r.target if g[0] in later[0]])
 
     async def _follow_node(self, node_id: str) -> None:
         from omru.v1 import executor_pb2
@@ -428,6 +448,7 @@ class Dispatcher:
                 self._refused(r.job_id) < MAX_REFUSALS):
             await self._requeue(r, f"{e.node_id} refused it ({e.message})")
         elif e.kind == "failed" and current and not r.terminal:
+            await self._forget_later(r)
             await self._deallocate(r, r.gpus + r.target)
             await self._update(r.job_id, lambda c: None if c.terminal or c.attempt_id != e.attempt_id else replace(
                 c, state=st.FAILED, finished_s=e.time_s, message=f"failed on {e.node_id}: {e.message}" if e.message else f"failed on {e.node_id}"))
@@ -567,7 +588,11 @@ class Dispatcher:
                 plan["record"]["version"] = self.plan_version
                 # the batch's first plan is the first one that covers every job (none still profiling)
                 unplanned = [r for r in self.records.values() if r.state in (st.PENDING, st.PROFILING)]
-                await self.state.put_plan(plan["record"], first=not unplanned)
+                first = not unplanned and not await self._first_planned()
+                await self.state.put_plan(plan["record"], first=first)
+                if first:  # its lower bound (the report's) comes when computed: it is a large linear program
+                    self._first_plan_stored = True
+                    self._tasks.append(asyncio.get_running_loop().create_task(self._bound_first_plan(problem)))
                 for q in list(self._job_watchers):  # a plan change is news too
                     for r in records:
                         q.put_nowait(self.records.get(r.job_id, r))
@@ -596,10 +621,11 @@ class Dispatcher:
         await asyncio.gather(*(self._act(m) for m in moves))
         if not moves and live and all(j.waiting for j in live.values()) and gpus and not self.owner:
             self.poke()  # nothing runs or holds a GPU, and nothing planned can start: the plan is spent or stale
-        elif self.steps and not self._dirty.is_set():
+        elif self.steps and not self._dirty.is_set() and self._late_in != self.plan_version:
             now = (time.time() - self._plan_origin) * self.time_scale
             behind = late(self.steps, live, now, REPLAN_LATE * self._plan_makespan)
-            if behind:
+            if behind:  # (once per plan: a replan that changes nothing must not spin)
+                self._late_in = self.plan_version
                 log.info("replan_on_lateness", job_id=behind[0].job_id, planned_s=round(behind[0].start_s, 1),
                          now_s=round(now, 1), steps=len(behind))
                 self.poke()
@@ -613,11 +639,10 @@ class Dispatcher:
         per_node = {n for n in (sum(1 for g in gpus if g[0] == nd) for nd in {g[0] for g in gpus})}
         cluster = Cluster.of(len(gpus), per_node.pop()) if len(per_node) == 1 else Cluster.of(len(gpus), 1)
         index = {g: i for i, g in enumerate(gpus)}
-        now = time.time()
-        tables, jobs, committed, base = {}, [], [], {}
+        now, overhead = time.time(), self.overhead_s
+        tables, jobs, committed, base, cache = {}, [], [], {}, {}
         for r in records:
-            profile = corrected_profile(r.profile, r.observed) if self.learn_profiles else r.profile
-            table = epoch_table(profile, len(gpus), r.spec.get("min_gpus", 1), r.max_gpus)
+            table, raw = self._tables(r, len(gpus), cache)
             tables[r.job_id] = table
             left = max(r.epochs - r.epochs_done, 0)
             base[r.job_id] = r.epochs_done
@@ -626,32 +651,65 @@ class Dispatcher:
             if running and left:  # its epoch under way ends at its next boundary, on what it holds
                 tau = table[len(held)]
                 elapsed = (now - r.progress_s) * self.time_scale if r.state == st.RUNNING and r.progress_s else 0.0
-                until = max(tau - elapsed, 0.05 * tau) + (self.overhead_s if r.state != st.RUNNING else 0.0)
+                until = max(tau - elapsed, 0.05 * tau) + (overhead if r.state != st.RUNNING else 0.0)
                 committed.append(Segment(r.job_id, 0.0, until, tuple(sorted(index[g] for g in held)), 1))
                 left -= 1
                 base[r.job_id] += 1
             if left <= 0:
                 continue
-            planned = {g: t + (0.0 if running and g == len(held) else self.overhead_s / left) for g, t in table.items()}
+            share = overhead / left  # a (re)start, spread over the epochs left
+            planned = {g: t + share for g, t in table.items()}
+            if running:
+                planned[len(held)] = table[len(held)]
             # measured spreads, corrected and charged in the ratio the profile's time at their count is
-            raw = epoch_table(r.profile, len(gpus), r.spec.get("min_gpus", 1), r.max_gpus) if r.placement else {}
             placement = {(g, k): t * planned[g] / raw[g] for g, k, t in r.placement if g <= len(gpus)}
             jobs.append(Job(id=r.job_id, epochs=left, profile=planned, placement=placement))
+        self._table_cache = cache
         if not jobs:
             return None, base, tables
         options = {**self.policy_options, "committed": tuple(committed), "start_s": 0.0}
         return (PlanningInput(jobs=tuple(jobs), cluster=cluster, seed=self.seed, options=options,
-                              resize_cost_s=self.overhead_s), base, tables)
+                              resize_cost_s=overhead), base, tables)
+
+    def _tables(self, r: JobRecord, gpus: int, cache: dict) -> tuple[dict[int, float], dict[int, float]]:
+        """(the job's epoch table as planned, the table of its profile alone when it has measured spreads),
+        kept from the last replan while its inputs are unchanged (tables over a large cluster are long)."""
+        observed = tuple((g, tuple(v)) for g, v in r.observed.items()) if self.learn_profiles else ()
+        key = (gpus, tuple(r.profile.items()), observed, r.placement != (), r.spec.get("min_gpus", 1), r.max_gpus)
+        kept = self._table_cache.get(r.job_id)
+        if kept is None or kept[0] != key:
+            profile = corrected_profile(r.profile, r.observed) if self.learn_profiles else r.profile
+            table = epoch_table(profile, gpus, key[4], key[5])
+            raw = epoch_table(r.profile, gpus, key[4], key[5]) if r.placement else {}
+            kept = (key, table, raw)
+        cache[r.job_id] = kept
+        return kept[1], kept[2]
+
+    async def _first_planned(self) -> bool:
+        """True once the batch's first plan is stored (read from etcd once, then known)."""
+        if not self._first_plan_stored:
+            self._first_plan_stored = await self.state.first_plan() is not None
+        return self._first_plan_stored
+
+    async def _bound_first_plan(self, problem) -> None:
+        from services.planner.core.bounds import fluid
+
+        try:
+            await self.state.bound_first_plan(await self._run(fluid, problem))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._broken("lower_bound_failed", exc)
 
     async def _plan(self, problem, base: dict[str, int], gpus: list[Gpu]) -> dict | None:
-        """Plan with the policy in force (in a thread); {"steps": [Step], "record": the plan to store}."""
+        """Plan with the policy in force (`_run`); {"steps": [Step], "record": the plan to store}."""
         from services.planner.core.model import PlanningError
 
         name = self.policy_in_force
         committed = problem.options["committed"]
         began = time.monotonic()
         try:
-            result, lower_bound = await asyncio.to_thread(plan_problem, name, problem)
+            result = await self._run(plan_problem, name, problem)
         except PlanningError as exc:
             log.error("planning_failed", error=str(exc))
             return None
@@ -669,11 +727,33 @@ class Dispatcher:
             done[s.job] += s.epochs
         record = {
             "version": 0, "policy": name, "created_unix_s": time.time(), "planning_seconds": seconds,
-            "makespan_s": result.makespan_s + seconds, "overhead_s": self.overhead_s, "lower_bound_s": lower_bound,
+            "makespan_s": result.makespan_s + seconds, "overhead_s": self.overhead_s, "lower_bound_s": 0.0,
             "segments": [{"job": s.job, "start_s": s.start_s + seconds, "end_s": s.end_s + seconds,
                           "gpus": [list(gpus[i]) for i in s.gpus], "epochs": s.epochs} for s in result.segments],
         }
         return {"steps": steps, "record": record, "makespan_s": result.makespan_s}
+
+    async def _run(self, fn, *args):
+        """fn(*args) (the last one the problem) in a thread, or for a large problem in a child process (of
+        two, spawned once: the first plan's lower bound may be computed beside the next plans)."""
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        problem = args[-1]
+        if len(problem.jobs) * problem.cluster.gpus < PROCESS_PLAN_MIN:
+            return await asyncio.to_thread(fn, *args)
+        if self._pool is None:
+            import multiprocessing
+
+            from services.common.cluster import die_with_parent
+
+            self._pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=die_with_parent)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except BrokenProcessPool:  # the child died (killed, out of memory): the next plan starts another
+            self._pool = None
+            raise
 
     async def _profile(self, r: JobRecord, max_gpus: int) -> None:
         """Ask the profiler for the job's epoch times; the job waits (or fails, saying why)."""
@@ -758,16 +838,15 @@ class Dispatcher:
 
 
 def plan_problem(name: str, problem):
-    """(plan, LB_fluid): policy `name`'s plan, replayed after the committed history when it has any or
-    breaks a rule."""
-    from services.planner.core import bounds, registry, validate
+    """Policy `name`'s plan, replayed after the committed history when it has any or breaks a rule."""
+    from services.planner.core import registry, validate
     from services.planner.core.simulator import replay
 
     committed = problem.options.get("committed", ())
     result = registry.plan(name, problem)
     if committed or validate.violations(result, problem):  # as the cluster runs it, after what runs
         result = replay(result, problem, committed)
-    return result, bounds.fluid(problem)
+    return result
 
 
 def default_policy() -> str:

@@ -93,9 +93,9 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
                         help="folder for the jobs' checkpoints that every node sees (default: <tmp>/omru-checkpoints)")
     parser.add_argument("--start-overhead", type=float, default=4.0,
                         help="seconds a job's start or restart is assumed to cost until one is measured (default 4)")
-    parser.add_argument("--leader-ttl", type=int, default=5,
+    parser.add_argument("--leader-ttl", type=int, default=15,
                         help="seconds of the leader lease: a standby planner takes over this long after the leader "
-                             "dies (default 5)")
+                             "dies (default 15)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="job seconds per wall second (only for an emulated cluster; default 1)")
     args = parser.parse_args(argv)

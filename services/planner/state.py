@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Callable, Mapping, Sequence
 
 from services.common.etcd import EtcdStore, TxnResult
@@ -88,8 +88,7 @@ class JobRecord:
         return self.state in TERMINAL
 
     def to_json(self) -> bytes:
-        d = asdict(self)
-        d.pop("revision")
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "revision"}  # (json copies deep)
         d["profile"] = {str(k): v for k, v in self.profile.items()}
         d["observed"] = {str(k): list(v) for k, v in self.observed.items()}
         return json.dumps(d, sort_keys=True).encode()
@@ -184,6 +183,14 @@ class PlannerState:
         await self.store.put(PLAN, json.dumps(plan).encode())
         if first:
             await self.store.cas(FIRST_PLAN, json.dumps(plan).encode(), 0)  # only the first one sticks
+
+    async def bound_first_plan(self, lower_bound_s: float) -> None:
+        """Set the first plan's lower bound (LB_fluid of its problem, computed after it was stored)."""
+        kv = await self.store.get(FIRST_PLAN)
+        if kv is not None:
+            plan = json.loads(kv.value)
+            plan["lower_bound_s"] = lower_bound_s
+            await self.store.put(FIRST_PLAN, json.dumps(plan).encode())
 
     async def plan(self) -> dict | None:
         kv = await self.store.get(PLAN)

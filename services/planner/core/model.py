@@ -62,6 +62,12 @@ class Job:
         object.__setattr__(self, "profile", MappingProxyType(dict(sorted(self.profile.items()))))
         object.__setattr__(self, "placement", MappingProxyType(dict(sorted(self.placement.items()))))
 
+    def __getstate__(self) -> dict:  # (pickled to a planning process: a mappingproxy is not picklable)
+        return _unproxied(self)
+
+    def __setstate__(self, state: dict) -> None:
+        _reproxied(self, state)
+
     def epoch_seconds(self, gpus: int, nodes: int | None = None) -> float:
         """Seconds per epoch on `gpus` GPUs; spread over `nodes` nodes when the placement table knows."""
         if nodes is not None and (gpus, nodes) in self.placement:
@@ -157,6 +163,12 @@ class PlanningInput:
                 )
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
+    def __getstate__(self) -> dict:
+        return _unproxied(self)
+
+    def __setstate__(self, state: dict) -> None:
+        _reproxied(self, state)
+
     def job(self, job_id: str) -> Job:
         for job in self.jobs:
             if job.id == job_id:
@@ -227,3 +239,14 @@ class Plan:
         """Honest utilisation: busy GPU-seconds / (G * makespan)."""
         T = self.makespan_s
         return self.busy_gpu_seconds(problem) / (problem.cluster.gpus * T) if T > 0 else 0.0
+
+
+def _unproxied(obj) -> dict:
+    """A frozen dataclass's fields, its read-only mappings as plain dicts (what pickle can copy)."""
+    return {k: dict(v) if isinstance(v, MappingProxyType) else v for k, v in vars(obj).items()}
+
+
+def _reproxied(obj, state: dict) -> None:
+    """Restore `_unproxied` state, its mappings read-only again (no validation: it was validated)."""
+    for k, v in state.items():
+        object.__setattr__(obj, k, MappingProxyType(v) if isinstance(v, dict) else v)

@@ -1,0 +1,42 @@
+"""A large problem plans in child processes (no GIL shared with the event loop): the same plan as in a
+thread, and the children end with the dispatcher."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from services.planner import dispatcher as dispatch
+from services.planner.core.bounds import fluid
+from services.planner.core.model import Cluster, Job, PlanningInput
+
+
+def problem() -> PlanningInput:
+    jobs = tuple(Job(id=f"j{i}", epochs=3 + i, profile={1: 10.0 + i, 2: 6.0 + i, 3: 5.0 + i, 4: 4.5 + i})
+                 for i in range(5))
+    return PlanningInput(jobs=jobs, cluster=Cluster.of(4, 2), seed=0, options={"committed": (), "start_s": 0.0},
+                         resize_cost_s=2.0)
+
+
+async def test_a_large_problem_plans_in_a_child_process_the_same_plan_and_the_children_end_on_stop(monkeypatch):
+    p = problem()
+    in_thread = dispatch.plan_problem("omru", p)
+    d = dispatch.Dispatcher(None, registry="", profiler="", policy="omru")
+    monkeypatch.setattr(dispatch, "PROCESS_PLAN_MIN", 1)
+    in_child = await d._run(dispatch.plan_problem, "omru", p)
+    pool = d._pool
+    assert (in_child.makespan_s, in_child.segments) == (in_thread.makespan_s, in_thread.segments)
+    bound = await d._run(fluid, p)  # (beside the plans, in the same pool: spawned once)
+    assert 0 < bound <= in_child.makespan_s and d._pool is pool
+    children = list(pool._processes)
+    assert children and os.getpid() not in children
+    await d.stop()
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{pid}") and _alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(os.path.exists(f"/proc/{pid}") and _alive(pid) for pid in children)
+
+
+def _alive(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (Z) has ended
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
