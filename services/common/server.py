@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from services.common.logging import get_logger
 
 log = get_logger(__name__)
 
+#: Seconds the stop hooks (closing clients, dispatchers) may take beyond the grace period.
+STOP_HOOKS_S = 10.0
 #: Methods reachable without a token (load balancers and probes).
 PUBLIC_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 
@@ -158,7 +161,11 @@ async def serve_forever(running: RunningServer, service: str, **ready_info: Any)
     stopper = asyncio.ensure_future(stop.wait())
     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
     log.info("server_stopping", address=running.address)
-    await running.stop()
+    try:  # a stop that hangs (a hook or stream waiting on a peer that is gone) must not keep the process
+        await asyncio.wait_for(running.stop(), running.grace_seconds + STOP_HOOKS_S)
+    except asyncio.TimeoutError:
+        log.error("server_stop_timed_out", address=running.address)
+        os._exit(1)
     for task in (waiter, stopper):
         task.cancel()
     log.info("server_stopped", address=running.address)
