@@ -430,8 +430,10 @@ class Dispatcher:
             await self._update(r.job_id, lambda c: None if c.terminal else replace(
                 c, state=st.FINISHED, epochs_done=c.epochs, finished_s=e.time_s, message=""))
             self._follow_soon()
-        elif e.kind == "gpus_released" and current and not r.terminal and r.state != st.WAITING:
-            # the executor ended the attempt it was allocated by itself (its lease lapsed, it shut down)
+        elif (e.kind == "gpus_released" and current and not r.terminal and r.state != st.WAITING
+              and e.epoch < r.epochs):
+            # the executor ended the attempt it was allocated by itself, before the last epoch (its lease
+            # lapsed, it shut down); (a node without rank 0 releases after the last one: FINISHED comes)
             await self._release(r.job_id, [g for g in e.gpus if g[0] == e.node_id])
             await self._requeue(r, f"{e.node_id} stopped it ({e.message})" if e.message else f"{e.node_id} stopped it")
         elif e.kind == "gpus_released":
