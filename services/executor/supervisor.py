@@ -76,6 +76,14 @@ log = get_logger(__name__)
 
 #: Directive ids remembered for idempotency (oldest forgotten first).
 SEEN_DIRECTIVES = 10_000
+#: How the STOPPED message (and its GPUS_RELEASED note) begins when the node itself ended an allocated
+#: attempt (its lease lapsed, it shuts down): the planner then requeues the job (`is_self_stop`).
+SELF_STOP = "its node stopped it"
+
+
+def is_self_stop(message: str) -> bool:
+    """True for the message of an attempt its node ended on its own, not on a directive."""
+    return message.startswith(SELF_STOP + ": ")
 
 
 # --- data ------------------------------------------------------------------------------
@@ -732,7 +740,8 @@ class Supervisor:
                         job.profile is not None, repeated)
         log.info("attempt_exited", job_id=job.job_id, attempt_id=job.attempt.attempt_id, outcome=result.outcome,
                  state=job.state.value, action=action.value, message=result.message, returncodes=result.returncodes)
-        if (self._closing or job.allocated and self._lease_lapsed()) and action in (Action.RESTART, Action.MOVE):
+        self_stop = (self._closing or job.allocated and self._lease_lapsed()) and action in (Action.RESTART, Action.MOVE)
+        if self_stop:
             action = Action.STOP  # (a node whose lease lapsed starts nothing: its allocations are gone)
         if action is Action.FINISH:
             self._report_final(job, result)
@@ -740,8 +749,8 @@ class Supervisor:
                             else "profiled")
             return False
         if action is Action.STOP:
-            await self._end(job, JobState.STOPPED, f"stopped after epoch {job.epochs_done}"
-                            + (f" ({result.message})" if result.message else ""))
+            await self._end(job, JobState.STOPPED, (f"{SELF_STOP}: " if self_stop else "")
+                            + f"stopped after epoch {job.epochs_done}" + (f" ({result.message})" if result.message else ""))
             return False
         if action is Action.FAIL:
             why = result.message or f"workers ended with outcome {result.outcome}"

@@ -61,7 +61,7 @@ def event(e: executor_pb2.ExecutorEvent) -> report.Event | None:
     return report.Event(node_id=e.node_id, job_id=e.job_id, kind=kind, time_s=e.time_unix_s,
                         attempt_id=e.attempt_id, gpus=gpus_of(e.gpus), world_size=e.world_size, epoch=e.epoch,
                         epoch_seconds=e.epoch_seconds, accuracy=e.accuracy, seq=e.seq,
-                        message=e.message if kind == report.FAILED else "")
+                        message=e.message if kind in (report.FAILED, report.GPUS_RELEASED) else "")
 
 
 def job_update(r: JobRecord, plan_version: int = 0) -> planner_pb2.JobUpdate:

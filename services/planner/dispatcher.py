@@ -48,6 +48,7 @@ from typing import Mapping, Sequence
 from services.common.etcd import Fenced
 from services.common.logging import get_logger
 from services.executor.servicer import is_refusal
+from services.executor.supervisor import is_self_stop
 from services.planner import state as st
 from services.planner.follow import Live, Move, Step, follow, late
 from services.planner.report import Event
@@ -430,12 +431,10 @@ class Dispatcher:
             await self._update(r.job_id, lambda c: None if c.terminal else replace(
                 c, state=st.FINISHED, epochs_done=c.epochs, finished_s=e.time_s, message=""))
             self._follow_soon()
-        elif (e.kind == "gpus_released" and current and not r.terminal and r.state != st.WAITING
-              and e.epoch < r.epochs):
-            # the executor ended the attempt it was allocated by itself, before the last epoch (its lease
-            # lapsed, it shut down); (a node without rank 0 releases after the last one: FINISHED comes)
+        elif e.kind == "gpus_released" and current and not r.terminal and is_self_stop(e.message):
+            # the node ended the attempt it was allocated on its own (its lease lapsed, it shut down)
             await self._release(r.job_id, [g for g in e.gpus if g[0] == e.node_id])
-            await self._requeue(r, f"{e.node_id} stopped it ({e.message})" if e.message else f"{e.node_id} stopped it")
+            await self._requeue(r, f"{e.node_id}: {e.message}")
         elif e.kind == "gpus_released":
             keep = set() if r.terminal else set(r.target)
             await self._release(r.job_id, [g for g in e.gpus if g[0] == e.node_id and g not in keep])
