@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from services.planner import report
 from services.planner import state as st
 from services.planner.servicer import build_report
@@ -45,6 +47,8 @@ async def run_until_done(d, ids, timeout_s):
     raise AssertionError(f"jobs not done in {timeout_s} s: {[(r.job_id, r.state, r.epochs_done) for r in jobs.values()]}")
 
 
+# CI's first test: it pays cold imports, and its jobs alone ran 3.5 min there
+@pytest.mark.timeout(600)
 async def test_three_jobs_on_two_nodes_finish_reuse_released_gpus_and_never_share_one(
         etcd, registry, start_service, tmp_path):
     await start_nodes(start_service, registry, tmp_path)
