@@ -436,7 +436,9 @@ class Dispatcher:
             await self._release(r.job_id, [g for g in e.gpus if g[0] == e.node_id])
             await self._requeue(r, f"{e.node_id}: {e.message}")
         elif e.kind == "gpus_released":
-            keep = set() if r.terminal else set(r.target)
+            # an older attempt's release leaves the GPUs the current one moved onto; the current attempt's
+            # own (a node without rank 0 ends before rank 0's node reports FINISHED) leaves nothing
+            keep = set() if r.terminal or current else set(r.target)
             await self._release(r.job_id, [g for g in e.gpus if g[0] == e.node_id and g not in keep])
             waiting = self._after_release.get(r.job_id)
             if waiting is not None:  # (released by the old attempt: the event names that one)
@@ -613,9 +615,10 @@ class Dispatcher:
                 if mine:
                     owned[r.job_id] = list(mine)
                 continue
-            waiting = r.state == st.WAITING
-            live[r.job_id] = Live(r.job_id, waiting, r.state in (st.STARTING, st.RESIZING),
-                                  tuple(dict.fromkeys(mine if waiting else r.gpus + r.target + mine)), r.epochs_done)
+            waiting, moving = r.state == st.WAITING, r.state in (st.STARTING, st.RESIZING)
+            live[r.job_id] = Live(r.job_id, waiting, moving,
+                                  tuple(dict.fromkeys(mine if waiting else r.gpus + r.target + mine)), r.epochs_done,
+                                  None if waiting else (r.target if moving else r.gpus))
         for job_id, mine in owned.items():  # ended (or not the planner's) but not released yet: untouchable
             live[job_id] = Live(job_id, True, True, tuple(mine), 0)
         moves = follow(self.steps, live, gpus)

@@ -50,6 +50,13 @@ class Live:
     moving: bool  # a directive is in flight (starting or resizing): touch nothing of it
     held: tuple[Gpu, ...]
     epochs_done: int
+    #: the GPUs its attempt runs on (or moves to); None: all it holds. A job that still holds a GPU its
+    #: last attempt used (not released yet) holds more than it runs on.
+    runs_on: tuple[Gpu, ...] | None = None
+
+    @property
+    def on(self) -> tuple[Gpu, ...]:
+        return self.held if self.runs_on is None else self.runs_on
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,7 @@ def pending(steps: Sequence[Step], live: Mapping[str, Live]) -> dict[str, list[S
         if j is None:
             continue
         rest = out.setdefault(s.job_id, [])
-        if not rest and not j.waiting and set(s.gpus) == set(j.held):
+        if not rest and not j.waiting and set(s.gpus) == set(j.on):
             continue  # what runs now
         if not rest and j.epochs_done >= s.after + s.epochs:
             continue  # already done

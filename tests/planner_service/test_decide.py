@@ -71,6 +71,15 @@ def test_steps_already_done_or_running_are_not_begun_again():
     assert moves(steps, [running("a", GPUS, done=5)]) == []
 
 
+def test_a_job_that_moved_is_not_moved_again_while_its_old_gpu_is_not_released_yet():
+    # a moved from n0 onto n1 (its step); n0's executor has not reported the old attempt's release
+    steps = [Step("a", tuple(N0), 0, 0.0, 2), Step("a", tuple(N1), 2, 20.0, 4)]
+    moved = Live("a", False, False, tuple(N1 + N0), 2, runs_on=tuple(N1))
+    assert moves(steps, [moved]) == []
+    # the same job without knowing what it runs on would be sent onto n1 again (a needless restart)
+    assert moves(steps, [Live("a", False, False, tuple(N1 + N0), 2)]) == [("a", "resize", tuple(N1))]
+
+
 def test_a_step_is_late_when_its_planned_start_has_passed_and_a_gpu_it_needs_idles():
     steps = [Step("b", tuple(N0), 0, 100.0, 3)]
     # a, planned to end at 100 s, still runs at 200 s: b waits, but nothing idles
@@ -138,3 +147,4 @@ def test_observed_epoch_times_survive_the_etcd_record():
     r = JobRecord(spec={"job_id": "j", "epochs": 3}, profile={1: 20.0, 2: 10.0}, observed=observe({}, 2, 12.5))
     back = JobRecord.from_json(r.to_json())
     assert back == r and back.observed == {2: [12.5, 1]}
+
