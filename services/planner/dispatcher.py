@@ -11,7 +11,8 @@ more than REPLAN_DEVIATION, or nothing planned can start while every job
 waits. It plans the remaining work with the policy from the core registry
 (epoch times = profile + measured start overhead spread over the remaining
 epochs), giving the core the epoch each running job is in, on the GPUs it
-holds, as committed history; the planning runs in a thread (a large problem:
+holds, as committed history, and a deadline (REPLAN_DEADLINE_S: a search
+returns the best plan it found by then); the planning runs in a thread (a large problem:
 in a child process, so that it does not starve the event loop of the GIL:
 lease keep-alives, executor events) and everything keeps going meanwhile.
 
@@ -78,6 +79,11 @@ REPLAN_LATE = 0.05
 REPLAN_DEVIATION = 0.10
 #: Problems of at least this many (job, GPU count) epoch times plan in a child process, not a thread.
 PROCESS_PLAN_MIN = 20_000
+#: Wall seconds a policy that searches (omru's `deadline_s`) may take: a replan while jobs run, and a plan
+#: of a cluster where nothing runs yet. While the core plans, jobs start and move on the plan in force, and
+#: the new plan, made from a snapshot, fits less of what runs the longer it took.
+REPLAN_DEADLINE_S = 1.0
+PLAN_DEADLINE_S = 5.0
 
 
 # --- epoch tables --------------------------------------------------------------
@@ -671,7 +677,8 @@ class Dispatcher:
         self._table_cache = cache
         if not jobs:
             return None, base, tables
-        options = {**self.policy_options, "committed": tuple(committed), "start_s": 0.0}
+        options = {"deadline_s": REPLAN_DEADLINE_S if committed else PLAN_DEADLINE_S, **self.policy_options,
+                   "committed": tuple(committed), "start_s": 0.0}
         return (PlanningInput(jobs=tuple(jobs), cluster=cluster, seed=self.seed, options=options,
                               resize_cost_s=overhead), base, tables)
 

@@ -196,3 +196,15 @@ def test_omru_makespan_tolerance_trades_a_near_equal_makespan_for_earlier_comple
     assert completions(tolerant) < completions(exact)
     with pytest.raises(PlanningError, match="makespan_tolerance.*1.5"):
         omru.omru(dataclasses.replace(problem, options={"makespan_tolerance": 1.5}))
+
+
+def test_omru_with_a_deadline_returns_the_best_plan_found_by_then_and_names_a_bad_value():
+    problem = multi_node_instance(5)
+    # a deadline that has passed once planning began: the first packing alone, a valid plan all the same
+    hurried = omru.omru(dataclasses.replace(problem, options={"deadline_s": 1e-9}))
+    first = omru._packed(problem, fluid.solve(problem), 0.0, (), (False,), expired=lambda: True)
+    assert hurried.segments == first.segments
+    assert validate.violations(hurried, problem) == []
+    for bad in (0, -1.0, "1s", True):
+        with pytest.raises(PlanningError, match=f"deadline_s.*{bad!r}"):
+            omru.omru(dataclasses.replace(problem, options={"deadline_s": bad}))

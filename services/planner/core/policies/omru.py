@@ -60,6 +60,12 @@
    and every list schedule tried (the planner service sets it: measured
    epoch times are not exact to a percent, and plans that differ by less
    only trade resizes and later completions for noise).
+6. Option `deadline_s` (seconds, default none) makes the search anytime: once
+   that much wall time has passed since planning began, no further packing
+   target, list schedule or node packing is tried and the best plan found so
+   far wins. The first packing always completes, so a plan always comes. The
+   planner service replans with a deadline (a cluster cannot wait for the full
+   search); without one the plan depends only on the input.
 
 The builders keep the validator's rules by construction: GPU ids, whole
 epochs, placement times, resize costs, arrivals and committed history.
@@ -72,6 +78,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import time
 from dataclasses import dataclass, field
 
 from services.planner.core import fluid
@@ -246,18 +253,28 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
     tolerance = problem.options.get("makespan_tolerance", 0.0)
     if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
         raise PlanningError(f"omru: makespan_tolerance must be a share in [0, 1), got {tolerance!r}")
+    deadline = problem.options.get("deadline_s")
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                 or not deadline > 0):
+        raise PlanningError(f"omru: deadline_s must be seconds > 0, got {deadline!r}")
+    stop_at = math.inf if deadline is None else time.monotonic() + deadline
+
+    def expired() -> bool:
+        return time.monotonic() > stop_at
+
     D = fluid.durations(problem)
     sol = fluid.solve(problem, D)
     small = len(problem.jobs) * problem.cluster.gpus <= LIST_MAX
-    plans = [_packed(problem, sol, start_s, committed, (False, True) if small else (False,))]
-    if small:
-        listed = _listed(problem, sol, start_s, committed)
+    plans = [_packed(problem, sol, start_s, committed, (False, True) if small else (False,), expired)]
+    if small and not expired():
+        listed = _listed(problem, sol, start_s, committed, expired)
         grown = grow_tail(problem, listed[0].segments, _busy(problem, start_s, committed), GROW_ROUNDS)
         plans.append(dataclasses.replace(listed[0], segments=tuple(grown)))
         if tolerance:
             plans += listed[1:]
-    if small and problem.cluster.nodes > 1 and not start_s and not committed:
-        plans += _node_packed(problem, sol, D, min((p.makespan_s for p in plans if not p.unplaced), default=math.inf))
+    if small and problem.cluster.nodes > 1 and not start_s and not committed and not expired():
+        plans += _node_packed(problem, sol, D, min((p.makespan_s for p in plans if not p.unplaced), default=math.inf),
+                              expired)
     best = min(plans, key=_score)
     if tolerance and not best.unplaced:  # makespans this close count as equal
         near = [p for p in plans if not p.unplaced and p.makespan_s <= best.makespan_s * (1 + tolerance)]
@@ -265,7 +282,8 @@ def plan_with(problem: PlanningInput, start_s: float = 0.0, committed=()) -> Pla
     return best
 
 
-def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D, best_s: float) -> list[Plan]:
+def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D, best_s: float, expired=lambda: False
+                 ) -> list[Plan]:
     """Node packings (core/nodepack.py): greedy for targets f T*, f in NODE_FACTORS, while the
     best plan so far (`best_s`, or a node packing that ends earlier) misses them, then by
     column generation for COLUMN_STEPS targets halving the gap between the largest one it
@@ -284,11 +302,11 @@ def _node_packed(problem: PlanningInput, sol: fluid.FluidSolution, D, best_s: fl
         return segments is not None
 
     for f in NODE_FACTORS:
-        if f * sol.T >= hi:
+        if f * sol.T >= hi or expired():
             break  # a target the best plan meets
         attempt(f * sol.T, False)
     for _ in range(COLUMN_STEPS):
-        if hi <= lo * (1 + PACK_MISS):
+        if hi <= lo * (1 + PACK_MISS) or expired():
             break
         T = (lo + hi) / 2
         if not attempt(T, True):
@@ -347,7 +365,7 @@ def _busy(problem: PlanningInput, start_s: float, committed) -> list[float]:
 
 
 def _packed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, committed,
-            narrow_first: tuple[bool, ...] = (False,)) -> Plan:
+            narrow_first: tuple[bool, ...] = (False,), expired=lambda: False) -> Plan:
     """The best packing over targets f T* (module docstring, step 2), for each
     `Packer.narrow_first` preference given."""
     index = {j.id: i for i, j in enumerate(problem.jobs)}
@@ -360,11 +378,16 @@ def _packed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
             history[i] = (tuple(s.gpus), s.end_s)
             not_before[i] = max(not_before[i], s.end_s)
     packer = Packer(problem, start_s, busy, not_before, history)
-    return min((_targets(problem, sol, start_s, packer, narrow, busy) for narrow in narrow_first), key=_score)
+    plans = []
+    for narrow in narrow_first:
+        if plans and expired():
+            break
+        plans.append(_targets(problem, sol, start_s, packer, narrow, busy, expired))
+    return min(plans, key=_score)
 
 
 def _targets(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, packer: Packer, narrow: bool,
-             busy: list[float]) -> Plan:
+             busy: list[float], expired=lambda: False) -> Plan:
     packer.narrow_first = narrow
     best, below = None, 0.0
 
@@ -379,19 +402,20 @@ def _targets(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, p
             below = max(below, f)  # this target was missed
 
     for f in PACK_FACTORS:
-        if best is not None and start_s + f * sol.T >= best.makespan_s:
+        if best is not None and (start_s + f * sol.T >= best.makespan_s or expired()):
             break
         attempt(f)
     # Halve the gap between the largest missed target and the best plan, twice.
     for _ in range(2 if below else 0):
         f = 0.5 * (below + (best.makespan_s - start_s) / sol.T)
-        if f - below < PACK_MISS:
+        if f - below < PACK_MISS or expired():
             break
         attempt(f)
     return best
 
 
-def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, committed) -> list[Plan]:
+def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, committed,
+            expired=lambda: False) -> list[Plan]:
     """Every list schedule tried (module docstring, step 3), the best first."""
     n = len(problem.jobs)
     tried: dict[tuple, tuple[tuple[float, int, float], Plan]] = {}
@@ -420,7 +444,7 @@ def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
     budget = max(MIN_RUNS, int(RUNS / (n * problem.cluster.gpus ** 0.5)))
     starts: dict[tuple, tuple] = {}  # family -> its best (targets, order, mode, loose)
     for T, (kind, deadline, mix, wide_last, patient), variant in _sweep(sol):
-        if len(tried) >= budget * SWEEP_SHARE:
+        if len(tried) >= budget * SWEEP_SHARE or (tried and expired()):
             break
         targets = tuple(_target(h, T) for h in sol.hulls)
         loose = frozenset()
@@ -441,7 +465,7 @@ def _listed(problem: PlanningInput, sol: fluid.FluidSolution, start_s: float, co
     descents = max(1, (budget - len(tried)) // DESCENT_RUNS)
     best_first = sorted(starts.values(), key=lambda key: tried[key][0])[:descents]
     for i, key in enumerate(best_first):
-        _descend(problem, sol, tried, attempt, key, (budget - len(tried)) // (len(best_first) - i))
+        _descend(problem, sol, tried, attempt, key, (budget - len(tried)) // (len(best_first) - i), expired)
     return [plan for _, plan in sorted(tried.values(), key=lambda v: v[0])]
 
 
@@ -461,7 +485,7 @@ def _sweep(sol: fluid.FluidSolution):
 
 
 def _descend(problem: PlanningInput, sol: fluid.FluidSolution, tried: dict, attempt, key: tuple,
-             budget: int) -> None:
+             budget: int, expired=lambda: False) -> None:
     """Local search from `key` (targets, order, mode, loose): for the jobs that end last first,
     the job moved up the order (to the front, halfway there or one place), or its count changed,
     held to the deadline or not; the first move that scores better is taken."""
@@ -479,7 +503,8 @@ def _descend(problem: PlanningInput, sol: fluid.FluidSolution, tried: dict, atte
             ((targets[:j] + (c,) + targets[j + 1:], order, free) for free in (loose, loose ^ {j})
              for c in sol.hulls[j].counts if c != targets[j] or free != loose)) for j in late)
         for cand in moves:
-            if budget <= 0:
+            if budget <= 0 or expired():
+                budget = 0
                 break
             budget -= 1
             s = attempt(*cand[:2], mode, cand[2])
