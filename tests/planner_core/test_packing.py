@@ -208,3 +208,19 @@ def test_omru_with_a_deadline_returns_the_best_plan_found_by_then_and_names_a_ba
     for bad in (0, -1.0, "1s", True):
         with pytest.raises(PlanningError, match=f"deadline_s.*{bad!r}"):
             omru.omru(dataclasses.replace(problem, options={"deadline_s": bad}))
+
+
+def test_running_jobs_go_on_on_their_own_gpus_rather_than_swap_them():
+    # a runs on node 1, b on node 0; both go on once their current epochs end at 10 s. Placed in job
+    # order, a took the GPUs that came free last first (node 0, b's) and b node 1's: a swap that
+    # neither job can make in a real cluster before the other has left, and two restarts.
+    profile = {1: 60.0, 2: 30.0, 3: 20.0, **{g: 10.0 for g in range(4, 9)}}  # 4 GPUs: the efficient count
+    for long in ("a", "b"):
+        jobs = (Job("a", 40 if long == "a" else 4, profile), Job("b", 4 if long == "a" else 40, profile))
+        committed = (Segment("a", 0.0, 10.0, (4, 5, 6, 7), 1), Segment("b", 0.0, 10.0, (0, 1, 2, 3), 1))
+        problem = PlanningInput(jobs, Cluster(2, 4), resize_cost_s=5.0,
+                                options={"committed": committed, "start_s": 0.0})
+        plan = packed(problem)
+        assert validate.violations(plan, problem) == []
+        assert {s.job: s.gpus for s in plan.segments} == {"a": (4, 5, 6, 7), "b": (0, 1, 2, 3)}
+        assert plan.makespan_s == pytest.approx(10.0 + 40 * 10.0)  # no restart

@@ -411,18 +411,22 @@ class Packer:
         for g, t in enumerate(self.busy_until):
             unit_end[g // unit] = max(unit_end[g // unit], grid.buckets(t - self.start_s) if t > self.start_s else 0)
         last = dict(self.history)
+        # a job that runs (committed history) keeps its own units when it goes on: it picks before the
+        # parts that start with it, which would otherwise take the units that came free last, its own
+        # (two running jobs would swap GPUs: neither can move before the other left)
+        home = {j: tuple(sorted({x // unit for x in gpus})) for j, (gpus, _) in self.history.items()}
         out: list[Segment] = []
-        parts = []  # (start bucket, order, item, part index)
+        parts = []  # (start bucket, not a running job's first part, item, part index)
         for i, it in enumerate(items):
             s = it.start
             for k, (_, b) in enumerate(it.shape):
-                parts.append((s, i, k))
+                parts.append((s, not (k == 0 and it.job in home), i, k))
                 s += b
         held: dict[tuple[int, int], tuple[int, ...]] = {}  # (item, part) -> units
-        for s, i, k in sorted(parts):
+        for s, _, i, k in sorted(parts):
             it = items[i]
             n_units, b = it.shape[k]
-            prev = held.get((i, k - 1), ())
+            prev = held.get((i, k - 1)) or (home.get(it.job, ()) if k == 0 else ())
             pool = [u for u in range(self.units) if unit_end[u] <= s]
             # keep what it can of its own units, then the units that came free last
             mine = [u for u in prev if unit_end[u] <= s]
