@@ -22,7 +22,8 @@ START   claim the local GPUs in the registry (all or nothing), launch.
 RESIZE  (or START while the job is STOPPING here: the stop turns into a move)
         claim the new local GPUs, ask the workers to stop at the end of the
         current epoch (they checkpoint first), then release the GPUs that
-        are not in the new set (GPUS_RELEASED) and start the new attempt from
+        are not in the new set (GPUS_RELEASED, which also names the GPUs the
+        old attempt hands to the new one) and start the new attempt from
         the checkpoint. A node with no rank in the new set stops its ranks and
         releases all its GPUs; a node with no rank in the old set starts its
         new ranks at once (they wait in the rendezvous for the others).
@@ -772,7 +773,8 @@ class Supervisor:
             return True
         # MOVE: give back what the new set does not use, then start on it.
         target, job.pending = job.pending, None
-        await self._release(job, [g for g in job.gpus if g.node_id == self.node_id and g not in target.gpus])
+        local = [g for g in job.gpus if g.node_id == self.node_id]
+        await self._release(job, [g for g in local if g not in target.gpus], kept=[g for g in local if g in target.gpus])
         job.gpus, job.rendezvous = target.gpus, target.rendezvous
         job.attempt_base = target.attempt_id or f"{job.job_id[:100]}-{uuid.uuid4().hex[:8]}"
         job.retry = 0
@@ -813,19 +815,22 @@ class Supervisor:
             job.pending = None
         await self._release(job, held, why=message if state is JobState.STOPPED else "")
 
-    async def _release(self, job: _Job, gpus: list[Gpu], why: str = "") -> None:
+    async def _release(self, job: _Job, gpus: list[Gpu], why: str = "", kept: Sequence[Gpu] = ()) -> None:
         """Give the GPUs up and say so (GPUS_RELEASED, under the running attempt): the planner, which
-        claimed them for an allocation, gives up its claims only on that event."""
-        if not gpus:
+        claimed them for an allocation, gives up its claims only on that event. `kept`: GPUs the attempt
+        hands to the job's next attempt here (a move); the event names them too, as the attempt is gone
+        from them (the planner starts the new attempt's other nodes once the old attempt is gone
+        everywhere), but their claims stay."""
+        if not gpus and not kept:
             return
         note = why
         try:
-            if not job.allocated:
+            if not job.allocated and gpus:
                 await self.claims.release(job.job_id, gpus)
         except Exception as exc:  # the node lease drops the claims anyway when the registry is gone
             note = "; ".join(filter(None, (why, f"registry release failed: {exc}")))
             log.warning("gpu_release_failed", job_id=job.job_id, gpus=[str(g) for g in gpus], error=str(exc))
-        self.events.append(job.job_id, EventKind.GPUS_RELEASED, gpus=tuple(gpus), message=note,
+        self.events.append(job.job_id, EventKind.GPUS_RELEASED, gpus=(*gpus, *kept), message=note,
                            attempt_id=job.attempt_base, world_size=len(job.gpus), epoch=job.epochs_done)
 
     # --- shutdown --------------------------------------------------------------------

@@ -830,16 +830,18 @@ class Dispatcher:
         value = d.SerializeToString(deterministic=True)
         old_nodes, new_nodes = list(dict.fromkeys(g[0] for g in r.gpus)), list(dict.fromkeys(g[0] for g in a.gpus))
         put = {n: (value, self.nodes[n].lease_id) for n in new_nodes}
-        # No rank of the new attempt would wait for the old one to stop: the new nodes get their
-        # allocation once the old attempt released its GPUs (else both would train an epoch).
-        later = a.kind == "resize" and not set(old_nodes) & set(new_nodes)
+        # A resize moves at the old attempt's next epoch boundary, which only the nodes it runs on know.
+        # Nodes that join get their allocation once the old attempt released its GPUs everywhere: sooner,
+        # their ranks would wait for the others for up to an epoch (past the rendezvous timeout), or,
+        # when no old node stays, train an epoch the old attempt is still training.
+        joining = {n: put.pop(n) for n in new_nodes if n not in old_nodes} if a.kind == "resize" else {}
         ok = await self._write(r.job_id, record=new, claim={g: self.nodes[g[0]].lease_id for g in gained},
-                               put={} if later else put, drop=[n for n in old_nodes if n not in new_nodes])
+                               put=put, drop=[n for n in old_nodes if n not in new_nodes])
         if not ok:  # a GPU is someone else's (a profiling trial) or a node left: try again soon
             asyncio.get_running_loop().call_later(CLAIM_RETRY_S, self._follow_soon)
             return
-        if later:
-            self._after_release[r.job_id] = (put, set(r.gpus))
+        if joining:
+            self._after_release[r.job_id] = (joining, set(r.gpus))
         log.info("dispatch", job_id=r.job_id, kind=a.kind, gpus=a.gpus, attempt=new.attempt_id)
 
     async def _checkpoint_dir(self, job_id: str) -> str:

@@ -49,7 +49,9 @@ async def test_a_job_resized_from_two_gpus_to_one_mid_run_trains_every_epoch_exa
         assert (await ex.resize_job(directive("d2", RESIZE, job, [gpu("n1", 0)]))).duplicate is True
 
         released = await events.wait_for(is_event("rs", K.EXECUTOR_EVENT_KIND_GPUS_RELEASED))
-        assert [(g.node_id, g.index) for g in released.gpus] == [("n1", 1)]
+        # the old attempt is gone from both: it gave n1:1 back and handed n1:0 (still claimed) to the new one
+        assert [(g.node_id, g.index) for g in released.gpus] == [("n1", 1), ("n1", 0)]
+        assert released.attempt_id == events.of("rs", K.EXECUTOR_EVENT_KIND_STARTED)[0].attempt_id
         assert await claims_of(registry.address, "rs") == [("n1", 0)]
         await events.wait_for(is_event("rs", K.EXECUTOR_EVENT_KIND_FINISHED))
         await events.wait_for(lambda e: e.job_id == "rs" and e.kind == K.EXECUTOR_EVENT_KIND_GPUS_RELEASED
