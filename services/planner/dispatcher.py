@@ -51,7 +51,7 @@ from services.common.logging import get_logger
 from services.executor.servicer import is_refusal
 from services.executor.supervisor import is_self_stop
 from services.planner import state as st
-from services.planner.follow import Live, Move, Step, follow, late
+from services.planner.follow import Live, Move, Step, blockers, follow, late
 from services.planner.report import Event
 from services.planner.state import JobRecord, PlannerState
 
@@ -636,8 +636,10 @@ class Dispatcher:
             behind = late(self.steps, live, now, REPLAN_LATE * self._plan_makespan)
             if behind:  # (once per plan: a replan that changes nothing must not spin)
                 self._late_in = self.plan_version
+                j = live.get(behind[0].job_id)
                 log.info("replan_on_lateness", job_id=behind[0].job_id, planned_s=round(behind[0].start_s, 1),
-                         now_s=round(now, 1), steps=len(behind))
+                         now_s=round(now, 1), steps=len(behind), epochs_done=j.epochs_done if j else None,
+                         after=behind[0].after, blockers=dict(list(blockers(self.steps, live, behind[0]).items())[:4]))
                 self.poke()
 
     def _problem(self, records: list[JobRecord], gpus: list[Gpu]):

@@ -94,6 +94,25 @@ def late(steps: Sequence[Step], live: Mapping[str, Live], now_s: float, slack_s:
             if s.start_s + slack_s < now_s and any(g not in held for g in s.gpus)]
 
 
+def blockers(steps: Sequence[Step], live: Mapping[str, Live], step: Step) -> dict[str, str]:
+    """Why a pending step cannot begin: per GPU it gains, the job holding it or the step planned on it first."""
+    todo = pending(steps, live)
+    j = live.get(step.job_id)
+    holder = {g: other.job_id for other in live.values() for g in other.held}
+    out = {}
+    for g in step.gpus:
+        if j is not None and g in j.held:
+            continue
+        if holder.get(g, step.job_id) != step.job_id:
+            out[f"{g[0]}:{g[1]}"] = f"held by {holder[g]}"
+            continue
+        first = min((s for rest in todo.values() for s in rest if g in s.gpus),
+                    key=lambda s: (s.start_s, s.job_id), default=step)
+        if first is not step:
+            out[f"{g[0]}:{g[1]}"] = f"{first.job_id} planned first ({first.start_s:.1f} s)"
+    return out
+
+
 def follow(steps: Sequence[Step], live: Mapping[str, Live], gpus: Sequence[Gpu]) -> list[Move]:
     """The moves that may happen now (see the module docstring). Never gives one GPU to two jobs."""
     todo = pending(steps, live)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from services.planner.dispatcher import corrected_profile, epoch_table, observe
-from services.planner.follow import Live, Step, follow, late
+from services.planner.follow import Live, Step, blockers, follow, late
 
 N0 = [("n0", 0), ("n0", 1)]
 N1 = [("n1", 0), ("n1", 1)]
@@ -78,6 +78,13 @@ def test_a_job_that_moved_is_not_moved_again_while_its_old_gpu_is_not_released_y
     assert moves(steps, [moved]) == []
     # the same job without knowing what it runs on would be sent onto n1 again (a needless restart)
     assert moves(steps, [Live("a", False, False, tuple(N1 + N0), 2)]) == [("a", "resize", tuple(N1))]
+
+
+def test_a_late_step_says_what_blocks_it():
+    steps = [Step("b", tuple(N0), 0, 100.0, 3), Step("c", (N0[1], N1[0]), 0, 50.0, 3)]
+    jobs = live(running("a", N0[:1]), waiting("b"), waiting("c"))
+    assert blockers(steps, jobs, steps[0]) == {"n0:0": "held by a", "n0:1": "c planned first (50.0 s)"}
+    assert blockers(steps, jobs, steps[1]) == {}
 
 
 def test_a_step_is_late_when_its_planned_start_has_passed_and_a_gpu_it_needs_idles():
