@@ -31,7 +31,14 @@ job to stop or move to other GPUs (the stop file exists or SIGUSR1 came, on
 any rank): the next attempt resumes from the checkpoint `save` wrote, on
 whatever number of GPUs, and `scale_lr` then gives the lr of the new global
 batch. `save` is atomic, written by rank 0 into the job's checkpoint folder,
-which every rank reads (`load`).
+which every rank reads (`load`). A profiling trial (OMRU_PROFILE) saves
+nothing, so there a stop request ends the process at once (SIGUSR1 keeps its
+default action): the profiler bounds every trial in time and stops the ones
+that overrun.
+
+The library needs torch and the omru package only (checkpoints: omru.checkpoint,
+the linear scaling rule: omru.lsr, the trial's ProfileSpec: omru.spec), not
+gRPC and not ``services``.
 
 Records: the library talks to the executor through lines of its stdout that
 start with `RECORD_PREFIX` and hold one JSON object (the zoo worker,
@@ -52,8 +59,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from services.executor.worker import checkpoint, lsr
-from services.executor.worker.spec import ProfileSpec
+from omru import checkpoint, lsr
+from omru.spec import ProfileSpec
 
 #: Start of a record line on a worker's stdout.
 RECORD_PREFIX = "@omru-record "
@@ -71,6 +78,15 @@ def _on_sigusr1(_signum, _frame) -> None:
 def catch_stop_signal() -> None:
     """From now on SIGUSR1 asks for a stop at the next epoch boundary (instead of killing the process)."""
     signal.signal(signal.SIGUSR1, _on_sigusr1)
+
+
+def stop_at_once(stop_file: str) -> None:
+    """For a profiling trial, which has nothing to save: from now on SIGUSR1 ends the process at once (its
+    default action, even inside a blocking call), and a stop asked for already ends it now."""
+    with contextlib.suppress(ValueError):  # (not the main thread: signals stay as they are)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    if stop_requested(stop_file):
+        os.kill(os.getpid(), signal.SIGUSR1)
 
 
 def stop_requested(stop_file: str) -> bool:
@@ -391,6 +407,7 @@ class Context:
             raise SystemExit(0)
 
     def _trial(self, loader):
+        stop_at_once(self.stop_file)
         prof, steps = self.profile, len(loader)
         if steps == 0:
             raise RuntimeError(f"the loader has no batch (batch size {self.batch_size} per rank); "
@@ -447,8 +464,12 @@ def _device(local_rank: int):
 def init(epochs: int | None = None, batch_size: int | None = None, timeout_s: float | None = None) -> Context:
     """Join the job's process group (see the module docstring); epochs and batch_size are used only where
     the environment does not set them (a run outside OMRU)."""
-    catch_stop_signal()
     env = os.environ
+    profile = ProfileSpec(**json.loads(env["OMRU_PROFILE"])) if env.get("OMRU_PROFILE") else None
+    if profile is None:
+        catch_stop_signal()
+    else:
+        stop_at_once(env.get("OMRU_STOP_FILE", ""))
     rank, world = int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
     local_rank = int(env.get("LOCAL_RANK", rank))
     timeout_s = float(env.get("OMRU_TIMEOUT_S", timeout_s or 300.0))
@@ -462,7 +483,6 @@ def init(epochs: int | None = None, batch_size: int | None = None, timeout_s: fl
     # records go to the real stdout whatever the script does with sys.stdout (nowhere outside OMRU)
     stream = os.fdopen(os.dup(1), "w", buffering=1) if "OMRU_JOB_ID" in env else open(os.devnull, "w")
     records = Records(stream, {"job_id": env.get("OMRU_JOB_ID", "local"), "attempt_id": attempt_id, "rank": rank})
-    profile = ProfileSpec(**json.loads(env["OMRU_PROFILE"])) if env.get("OMRU_PROFILE") else None
     total = int(env.get("OMRU_EPOCHS") or epochs or 1)
     batch = int(env.get("OMRU_BATCH_SIZE") or batch_size or 0) or None
     ctx = Context(rank=rank, world_size=world, device=device, backend=backend, local_rank=local_rank,

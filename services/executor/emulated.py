@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from services.executor.worker import checkpoint
+from omru import checkpoint
 from services.executor.worker.launch import LaunchResult
 from services.executor.worker.spec import AttemptSpec, TrainSpec
 from services.planner.core.model import Job

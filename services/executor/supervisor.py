@@ -222,7 +222,7 @@ class WorkerProcesses:
                            pool=self.pool, log_dir=log_dir)
 
     def checkpoint_problem(self, spec: TrainSpec, checkpoint_dir: str) -> str:
-        from services.executor.worker import checkpoint  # loads torch: callers run this in a thread
+        from omru import checkpoint  # loads torch: callers run this in a thread
 
         if spec.is_script:  # the folder holds what the script writes
             return ""
@@ -672,7 +672,7 @@ class Supervisor:
             await self._end(job, JobState.FAILED, f"workers could not start: {exc}")
             return None
         if job.spec.is_script:  # (what it does next the executor may never hear of)
-            from services.executor.worker import checkpoint
+            from omru import checkpoint
 
             found = checkpoint.list_checkpoints(job.checkpoint_dir)
             job.epochs_done = max(job.epochs_done, found[-1][0] if found else 0)
@@ -716,7 +716,7 @@ class Supervisor:
             job.epochs_done = max(job.epochs_done, int(record.get("epoch") or 0))
 
     def _all_epochs_done(self, job: _Job) -> bool:
-        from services.executor.worker import checkpoint
+        from omru import checkpoint
 
         found = checkpoint.list_checkpoints(job.checkpoint_dir)
         done = found[-1][0] if found else 0

@@ -10,7 +10,7 @@ import grpc
 
 from omru.v1 import executor_pb2, registry_pb2, registry_pb2_grpc
 from services.common.channels import open_channel
-from services.executor.worker import checkpoint
+from omru import checkpoint
 from tests.executor.service_builders import (K, RESIZE, START, claims_of, directive, executors, gpu, is_event, kill,
                                              tiny_job)
 from tests.platform.platform_helpers import rpc_error

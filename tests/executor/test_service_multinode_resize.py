@@ -5,7 +5,7 @@ exactly once and gives the dropped GPU back."""
 from __future__ import annotations
 
 from services.executor import convert
-from services.executor.worker import checkpoint
+from omru import checkpoint
 from tests.executor.service_builders import K, RESIZE, START, claims_of, directive, executors, gpu, is_event, tiny_job
 
 

@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 
-from services.executor.worker import checkpoint, data, lsr
+from omru import checkpoint, lsr
+from services.executor.worker import data
 from services.executor.worker.spec import AttemptSpec, ProfileSpec, SpecError, TrainSpec, from_json, to_json
 
 

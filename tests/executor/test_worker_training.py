@@ -16,7 +16,8 @@ import sys
 import pytest
 import torch
 
-from services.executor.worker import checkpoint, launch, lsr
+from omru import checkpoint, lsr
+from services.executor.worker import launch
 from services.executor.worker.spec import ProfileSpec, TrainSpec
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from omru.elastic import parse_record
-from services.executor.worker.spec import AttemptSpec, ProfileSpec, TrainSpec, to_json
+from omru.spec import ProfileSpec
+from services.executor.worker.spec import AttemptSpec, TrainSpec, to_json
 from services.executor.worker.warm import LINE_LIMIT, WarmPool, hand_arguments, start_standby
 
 #: Lines of the failing rank's stderr a failure message carries.

@@ -6,7 +6,8 @@ zoo on a data set, or is a script job: ``command`` (the argument list each
 rank runs, see launch.py for its environment), ``workdir`` and ``env``. `AttemptSpec` is the per-attempt
 launch information: world size, the device of every rank, the rendezvous
 endpoint, where checkpoints live, the stop-request file, and an optional
-profile mode. Both are frozen and validated at construction; a bad value
+profile mode (`ProfileSpec`, defined in omru.spec with `SpecError`: omru.elastic
+reads it too). Both are frozen and validated at construction; a bad value
 raises `SpecError` (a ``ValueError``) whose message and ``field`` name the
 field. Both travel to the worker as JSON (`to_json` / `from_json`), never pickle.
 """
@@ -20,6 +21,9 @@ import re
 import time
 from dataclasses import asdict, dataclass, fields
 
+from omru.spec import ProfileSpec, SpecError
+from omru.spec import int_field as _int_field
+from omru.spec import require as _require
 from services.executor.worker import zoo
 
 DATASET_KINDS = ("digits", "synthetic", "imagefolder:<dir>", "clips:<dir>")
@@ -29,25 +33,6 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Variables the executor sets for a script job (its env may not replace them).
 RESERVED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                 "CUDA_VISIBLE_DEVICES")
-
-
-class SpecError(ValueError):
-    """A spec value that is out of range; ``field`` names the offending field."""
-
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-
-
-def _require(cond: bool, field_name: str, message: str) -> None:
-    if not cond:
-        raise SpecError(field_name, message)
-
-
-def _int_field(obj, name: str, minimum: int) -> None:
-    value = getattr(obj, name)
-    _require(isinstance(value, int) and not isinstance(value, bool), name, f"must be an integer, got {value!r}")
-    _require(value >= minimum, name, f"must be >= {minimum}, got {value}")
 
 
 def _float_field(obj, name: str, minimum: float, strict: bool = False, maximum: float | None = None) -> None:
@@ -180,25 +165,6 @@ class TrainSpec:
     @classmethod
     def from_dict(cls, data: dict) -> "TrainSpec":
         return cls(**_known(cls, data))
-
-
-@dataclass(frozen=True)
-class ProfileSpec:
-    """Profile instead of train: time iterations, report, exit (no checkpoints).
-
-    ``mode="sampled"``: run ``warmup_iters`` iterations, then time
-    ``measure_iters`` iterations and report their steady-state mean (and an epoch
-    estimate). ``mode="epoch"``: after the warm-up iterations, time one full epoch.
-    """
-
-    mode: str = "sampled"
-    warmup_iters: int = 3
-    measure_iters: int = 10
-
-    def __post_init__(self) -> None:
-        _require(self.mode in ("sampled", "epoch"), "profile.mode", f"must be 'sampled' or 'epoch', got {self.mode!r}")
-        _int_field(self, "warmup_iters", 0)
-        _int_field(self, "measure_iters", 1)
 
 
 @dataclass(frozen=True)

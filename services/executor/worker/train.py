@@ -134,7 +134,8 @@ class _Job:
     def __init__(self, spec, attempt, rank: int, records: Records):
         import torch
 
-        from services.executor.worker import data, lsr, zoo
+        from omru import lsr
+        from services.executor.worker import data, zoo
 
         self.spec, self.attempt, self.rank = spec, attempt, rank
         self.world = attempt.world_size

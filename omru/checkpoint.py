@@ -1,5 +1,9 @@
 """Epoch-end checkpoints: atomic writes, newest-first resume, refusal of foreign ones.
 
+Part of the omru package (no gRPC, torch only to save and load), so that
+`omru.elastic` and a user's script need nothing of ``services``; the
+executor and its zoo worker use it too.
+
 A checkpoint file ``epoch-NNNNN.pt`` in the job's checkpoint folder holds a
 plain dict (tensors, numbers, strings, lists, dicts only, so it loads with
 ``torch.load(weights_only=True)``; no pickled objects)::

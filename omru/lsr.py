@@ -1,5 +1,8 @@
 """The linear scaling rule with gradual warm-up (Goyal et al. 2017). Pure.
 
+Part of the omru package: `omru.elastic` (``ctx.scale_lr``) and the zoo
+worker share it.
+
 Per-GPU batch ``b`` is fixed; on ``W`` ranks the global batch is
 ``B = b * W`` and the target learning rate is ``base_lr * B / base_batch``.
 Momentum and weight decay are never changed.
