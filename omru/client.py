@@ -8,11 +8,17 @@
         for update in c.watch(until_done=True):
             print(update.job_id, update.state, update.epochs_done)
         print(c.report().makespan_s)
+        for chunk in c.logs(ids[0], rank=0):  # what rank 0 printed (stdout and stderr), with node and attempt
+            print(chunk.text, end="")
 
 Every unary call has a deadline (`deadline_s`, default 10 s); watches run
 until the caller stops them (or, with ``until_done``, until every watched job
-is in a terminal state). Errors surface as `grpc.aio.AioRpcError` / the
-status code the planner chose (INVALID_ARGUMENT names each bad value).
+is in a terminal state). `logs` reads a job's logs through the planner, which
+asks the executor of every node that ran the job: `LogChunk`s (node, attempt,
+rank, bytes), node after node; with ``follow`` as the ranks print, until
+their attempts end or ``timeout_s`` passes (default 60 s, with follow a day).
+Errors surface as `grpc.aio.AioRpcError` / the status code the planner chose
+(INVALID_ARGUMENT names each bad value, NOT_FOUND an unknown job).
 Against a planner serving TLS pass ``tls=TlsConfig(ca_file=..., cert_file=...,
 key_file=...)`` (services.common.config; the certificate only for mutual TLS).
 """
@@ -86,6 +92,29 @@ class ReportInfo:
     gpus: int
     lower_bound_s: float
     jobs: tuple[JobResult, ...]
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Bytes one rank of a job printed (stdout and stderr, in the order they came), on one node.
+
+    ``attempt`` numbers the job's attempts on that node (1 = the first; each
+    restart and resize is a new one); ``attempt_id`` is the attempt's id."""
+
+    node_id: str
+    attempt: int
+    attempt_id: str
+    rank: int
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+#: Deadline of `Client.logs` without follow, and with follow (seconds), unless timeout_s is given.
+LOGS_DEADLINE_S = 60.0
+FOLLOW_DEADLINE_S = 24 * 3600.0
 
 
 def _state(value: int) -> str:
@@ -203,6 +232,31 @@ class Client:
             stream.cancel()
         return sorted(latest.values(), key=lambda s: s.job_id)
 
+    async def logs(self, job_id: str, rank: int | None = None, attempt: int = 0, follow: bool = False,
+                   timeout_s: float | None = None) -> AsyncIterator[LogChunk]:
+        """What the job's ranks printed, from every node that ran it (see the module docstring).
+
+        rank: only that rank (None: every rank); attempt: the Nth attempt on
+        each node (0: the newest). With follow, the end of timeout_s ends the
+        iteration quietly. NOT_FOUND for an unknown job or one no node has logs
+        of, INVALID_ARGUMENT naming a bad value."""
+        import grpc
+
+        from omru.v1 import planner_pb2
+
+        request = planner_pb2.GetJobLogsRequest(job_id=job_id, attempt=attempt, follow=follow)
+        if rank is not None:
+            request.rank = rank
+        call = self._stub.GetJobLogs(request, timeout=timeout_s or (FOLLOW_DEADLINE_S if follow else LOGS_DEADLINE_S))
+        try:
+            async for c in call:
+                yield LogChunk(c.node_id, c.attempt, c.attempt_id, c.rank, c.data)
+        except grpc.aio.AioRpcError as exc:
+            if not (follow and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+        finally:
+            call.cancel()
+
     def _watch_call(self, job_ids: Sequence[str], after_revision: int):
         from omru.v1 import planner_pb2
 
@@ -289,7 +343,14 @@ class SyncClient:
 
     def watch(self, job_ids: Sequence[str] = (), after_revision: int = 0, until_done: bool = False,
               timeout_s: float | None = None) -> Iterator[JobStatus]:
-        agen = self._client.watch(job_ids, after_revision, until_done, timeout_s)
+        return self._iterate(self._client.watch(job_ids, after_revision, until_done, timeout_s))
+
+    def logs(self, job_id: str, rank: int | None = None, attempt: int = 0, follow: bool = False,
+             timeout_s: float | None = None) -> Iterator[LogChunk]:
+        """`Client.logs`, blocking."""
+        return self._iterate(self._client.logs(job_id, rank, attempt, follow, timeout_s))
+
+    def _iterate(self, agen):
         try:
             while True:
                 try:
@@ -300,4 +361,4 @@ class SyncClient:
             self._run(agen.aclose())
 
 
-__all__ = ["Client", "SyncClient", "JobStatus", "PlanInfo", "ReportInfo", "JobResult", "PlannedSegment"]
+__all__ = ["Client", "SyncClient", "JobStatus", "PlanInfo", "ReportInfo", "JobResult", "PlannedSegment", "LogChunk"]

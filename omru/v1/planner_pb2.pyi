@@ -211,3 +211,29 @@ class GetReportResponse(_message.Message):
     REPORT_FIELD_NUMBER: _ClassVar[int]
     report: Report
     def __init__(self, report: _Optional[_Union[Report, _Mapping]] = ...) -> None: ...
+
+class GetJobLogsRequest(_message.Message):
+    __slots__ = ("job_id", "attempt", "rank", "follow")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    rank: int
+    follow: bool
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class GetJobLogsResponse(_message.Message):
+    __slots__ = ("node_id", "attempt", "attempt_id", "rank", "data")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    attempt: int
+    attempt_id: str
+    rank: int
+    data: bytes
+    def __init__(self, node_id: _Optional[str] = ..., attempt: _Optional[int] = ..., attempt_id: _Optional[str] = ..., rank: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...

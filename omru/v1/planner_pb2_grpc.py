@@ -61,6 +61,11 @@ class PlannerServiceStub:
                 request_serializer=omru_dot_v1_dot_planner__pb2.GetReportRequest.SerializeToString,
                 response_deserializer=omru_dot_v1_dot_planner__pb2.GetReportResponse.FromString,
                 _registered_method=True)
+        self.GetJobLogs = channel.unary_stream(
+                '/omru.v1.PlannerService/GetJobLogs',
+                request_serializer=omru_dot_v1_dot_planner__pb2.GetJobLogsRequest.SerializeToString,
+                response_deserializer=omru_dot_v1_dot_planner__pb2.GetJobLogsResponse.FromString,
+                _registered_method=True)
 
 
 class PlannerServiceServicer:
@@ -103,6 +108,14 @@ class PlannerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetJobLogs(self, request, context):
+        """Streams what a job's processes printed (stdout and stderr) on every node
+        that ran it: the planner asks each node's executor (ExecutorService.GetLogs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlannerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +143,11 @@ def add_PlannerServiceServicer_to_server(servicer, server):
                     servicer.GetReport,
                     request_deserializer=omru_dot_v1_dot_planner__pb2.GetReportRequest.FromString,
                     response_serializer=omru_dot_v1_dot_planner__pb2.GetReportResponse.SerializeToString,
+            ),
+            'GetJobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetJobLogs,
+                    request_deserializer=omru_dot_v1_dot_planner__pb2.GetJobLogsRequest.FromString,
+                    response_serializer=omru_dot_v1_dot_planner__pb2.GetJobLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +287,33 @@ class PlannerService:
             '/omru.v1.PlannerService/GetReport',
             omru_dot_v1_dot_planner__pb2.GetReportRequest.SerializeToString,
             omru_dot_v1_dot_planner__pb2.GetReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/omru.v1.PlannerService/GetJobLogs',
+            omru_dot_v1_dot_planner__pb2.GetJobLogsRequest.SerializeToString,
+            omru_dot_v1_dot_planner__pb2.GetJobLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import replace
 
@@ -11,10 +12,11 @@ import grpc
 from omru.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from services.common.errors import abort, abort_invalid, abort_not_found, grpc_errors
 from services.executor.worker.spec import SpecError
-from services.planner import convert, report
+from services.planner import convert, logs, report
 from services.planner import state as st
 from services.planner.dispatcher import Dispatcher
 from services.planner.state import JobRecord
+from services.registry import validation
 
 
 class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
@@ -132,6 +134,32 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
     async def GetReport(self, request, context):
         figures, holds, first, origin = await build_report(self.dispatcher)
         return planner_pb2.GetReportResponse(report=convert.report_proto(figures, holds, first, origin))
+
+    @grpc_errors
+    async def GetJobLogs(self, request, context):
+        problem = validation.id_problem("job_id", request.job_id)
+        if problem:
+            await abort_invalid(context, *problem)
+        rank = request.rank if request.HasField("rank") else None
+        for name, value in (("attempt", request.attempt), ("rank", rank)):
+            if value is not None and value < 0:
+                await abort_invalid(context, name, f"{value} is negative")
+        if await self.dispatcher.state.job(request.job_id) is None:
+            await abort_not_found(context, "job_id", request.job_id)
+        d = self.dispatcher
+        chunks = logs.read(d.registry_address, request.job_id, request.attempt, rank, request.follow,
+                           context.time_remaining(), token=d.token, tls=d.tls)
+        try:
+            async with contextlib.aclosing(chunks):  # (a client gone: the executors' calls end now)
+                async for c in chunks:
+                    yield planner_pb2.GetJobLogsResponse(node_id=c.node_id, attempt=c.attempt,
+                                                         attempt_id=c.attempt_id, rank=c.rank, data=c.data)
+        except logs.NoLogs as exc:
+            await abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        except logs.BadRequest as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except logs.NodeFailed as exc:
+            await abort(context, grpc.StatusCode.UNAVAILABLE, f"logs could not be read: {exc}")
 
 
 async def build_report(d: Dispatcher) -> tuple[report.Figures, list, dict | None, float]:

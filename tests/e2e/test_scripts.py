@@ -1,10 +1,11 @@
 """Script jobs end to end: 1 executor node x 2 CPU slots, real etcd, registry, planner and the examples/ scripts.
 
-A script that raises fails with its exception in `omru status` and in
-`omru report --json`; then a plain torchrun-style script (knows nothing of
-omru) and one that uses omru.elastic both finish every epoch, and the second
-grows from 1 to 2 slots when the first ends, its lr scaled by 2, no epoch
-trained twice.
+A script that raises fails with its exception in `omru status`, in
+`omru report --json` and in `omru logs` (through the planner); then a plain
+torchrun-style script (knows nothing of omru) and one that uses omru.elastic
+both finish every epoch, and the second grows from 1 to 2 slots when the
+first ends, its lr scaled by 2, no epoch trained twice (`omru logs --attempt`
+shows each attempt's epochs).
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ async def test_a_failing_script_says_why_and_two_scripts_finish_the_elastic_one_
         assert "exited with code 1" in jobs["broken"]["message"]
         assert "RuntimeError: no such bucket s3://x" in jobs["broken"]["message"]
         assert "broken failed: " in report.stdout
+        logs = await asyncio.to_thread(omru, running.address, "logs", "broken")  # the planner's address alone
+        assert logs.returncode == 0, logs.stderr
+        assert any(line.startswith("[node-0 rank 0] ") and line.endswith("RuntimeError: no such bucket s3://x")
+                   for line in logs.stdout.splitlines()), logs.stdout
 
         # the planner believes in strong scaling for "elastic" (growing pays), "plain" ends first
         jobs = [script("plain", ["python", "examples/train_ddp.py", "--epochs", "2", "--samples", "256"], 2,
@@ -71,6 +76,8 @@ async def test_a_failing_script_says_why_and_two_scripts_finish_the_elastic_one_
         await d.submit(jobs)
         done = await run_until_done(d, ["plain", "elastic"], timeout_s=240)
         events = await d.state.events()
+        first, last = [await asyncio.to_thread(omru, running.address, "logs", "elastic", "--rank", "0", *attempt)
+                       for attempt in (("--attempt", "1"), ())]
     assert {j: done[j].state for j in ("plain", "elastic")} == {"plain": "FINISHED", "elastic": "FINISHED"}
     epochs = collections.defaultdict(list)
     for e in events:
@@ -82,6 +89,9 @@ async def test_a_failing_script_says_why_and_two_scripts_finish_the_elastic_one_
     finished_plain = min(e.time_s for e in events if e.job_id == "plain" and e.kind == "finished")
     grown = min(e.time_s for e in events if e.job_id == "elastic" and e.kind == "started" and e.world_size == 2)
     assert grown >= finished_plain
+    assert first.returncode == 0 and last.returncode == 0, (first.stderr, last.stderr)
+    assert "epoch 1/6 " in first.stdout and " world 1" in first.stdout and " world 2" not in first.stdout
+    assert "epoch 6/6 " in last.stdout and " world 2" in last.stdout and "resumed at epoch" in last.stdout
 
 
 async def test_a_job_no_node_can_run_fails_naming_why_and_a_spread_never_exceeds_max_gpus(
