@@ -397,8 +397,10 @@ class Dispatcher:
                     e = convert.event(reply.event)
                     if e is None:
                         continue
-                    await self.state.add_event(gen, e)
+                    # acted on before it is stored with the cursor: an event whose handling failed (etcd
+                    # away) comes again when the stream reopens (handling one twice changes nothing)
                     await self._on_event(e)
+                    await self.state.add_event(gen, e)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -436,6 +438,9 @@ class Dispatcher:
         elif e.kind == "finished":
             await self._update(r.job_id, lambda c: None if c.terminal else replace(
                 c, state=st.FINISHED, epochs_done=c.epochs, finished_s=e.time_s, message=""))
+            if not r.terminal:  # its allocations go (an executor that restarts must not run it again)
+                await self._forget_later(r)
+                await self._deallocate(r, r.gpus + r.target)
             self._follow_soon()
         elif e.kind == "gpus_released" and current and not r.terminal and is_self_stop(e.message):
             # the node ended the attempt it was allocated on its own (its lease lapsed, it shut down)
@@ -450,8 +455,8 @@ class Dispatcher:
             if waiting is not None:  # (released by the old attempt: the event names that one)
                 waiting[1].difference_update(e.gpus)
                 if not waiting[1]:  # the old attempt is gone everywhere: the new one may start
+                    await self._write(r.job_id, put=waiting[0])  # (etcd away: it raises, the event comes again)
                     del self._after_release[r.job_id]
-                    await self._write(r.job_id, put=waiting[0])
             self._follow_soon()
         elif e.kind == "failed" and current and not r.terminal and is_refusal(e.message) and (
                 self._refused(r.job_id) < MAX_REFUSALS):
