@@ -94,21 +94,32 @@ def late(steps: Sequence[Step], live: Mapping[str, Live], now_s: float, slack_s:
             if s.start_s + slack_s < now_s and any(g not in held for g in s.gpus)]
 
 
+def _holders(live: Mapping[str, Live]) -> dict[Gpu, str]:
+    """GPU -> the job that holds it."""
+    return {g: j.job_id for j in live.values() for g in j.held}
+
+
+def _heads(todo: Mapping[str, list[Step]]) -> dict[Gpu, Step]:
+    """GPU -> the first pending step on it, in planned order."""
+    head: dict[Gpu, Step] = {}
+    for rest in todo.values():
+        for s in rest:
+            for g in s.gpus:
+                if g not in head or (s.start_s, s.job_id) < (head[g].start_s, head[g].job_id):
+                    head[g] = s
+    return head
+
+
 def blockers(steps: Sequence[Step], live: Mapping[str, Live], step: Step) -> dict[str, str]:
     """Why a pending step cannot begin: per GPU it gains, the job holding it or the step planned on it first."""
-    todo = pending(steps, live)
-    j = live.get(step.job_id)
-    holder = {g: other.job_id for other in live.values() for g in other.held}
+    holder, head = _holders(live), _heads(pending(steps, live))
+    mine = live[step.job_id].held if step.job_id in live else ()
     out = {}
-    for g in step.gpus:
-        if j is not None and g in j.held:
-            continue
+    for g in (g for g in step.gpus if g not in mine):
+        first = head.get(g, step)
         if holder.get(g, step.job_id) != step.job_id:
             out[f"{g[0]}:{g[1]}"] = f"held by {holder[g]}"
-            continue
-        first = min((s for rest in todo.values() for s in rest if g in s.gpus),
-                    key=lambda s: (s.start_s, s.job_id), default=step)
-        if first is not step:
+        elif first is not step:
             out[f"{g[0]}:{g[1]}"] = f"{first.job_id} planned first ({first.start_s:.1f} s)"
     return out
 
@@ -116,17 +127,7 @@ def blockers(steps: Sequence[Step], live: Mapping[str, Live], step: Step) -> dic
 def follow(steps: Sequence[Step], live: Mapping[str, Live], gpus: Sequence[Gpu]) -> list[Move]:
     """The moves that may happen now (see the module docstring). Never gives one GPU to two jobs."""
     todo = pending(steps, live)
-    holder: dict[Gpu, str] = {}
-    for j in live.values():
-        for g in j.held:
-            holder[g] = j.job_id
-    # the first pending step on each GPU, in planned order
-    head: dict[Gpu, Step] = {}
-    for rest in todo.values():
-        for s in rest:
-            for g in s.gpus:
-                if g not in head or (s.start_s, s.job_id) < (head[g].start_s, head[g].job_id):
-                    head[g] = s
+    holder, head = _holders(live), _heads(todo)
     live_gpus = set(gpus)
     moves: list[Move] = []
     for job_id, rest in sorted(todo.items(), key=lambda kv: (kv[1][0].start_s, kv[0])):
