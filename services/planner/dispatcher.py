@@ -12,7 +12,9 @@ waits. It plans the remaining work with the policy from the core registry
 (epoch times = profile + measured start overhead spread over the remaining
 epochs), giving the core the epoch each running job is in, on the GPUs it
 holds, as committed history, and a deadline (REPLAN_DEADLINE_S: a search
-returns the best plan it found by then); the planning runs in a thread (a large problem:
+returns the best plan it found by then), and keeps the plan in force (as it
+runs from now on) unless it finds one better by more than MAKESPAN_TOLERANCE
+(`plan_problem`); the planning runs in a thread (a large problem:
 in a child process, so that it does not starve the event loop of the GIL:
 lease keep-alives, executor events) and everything keeps going meanwhile.
 
@@ -187,6 +189,7 @@ class Dispatcher:
         self.standby_of = None  # the Election this planner campaigns in (None: it was started directly)
         self.plan_version = 0
         self._late_in = -1  # the plan version found late (and replanned on) last
+        self._planning = False  # the core is making a plan (reconcile)
         self.policy_in_force = self.default_policy
         self._pool = None  # the child processes large problems plan in (started on the first one)
 
@@ -586,8 +589,13 @@ class Dispatcher:
             if not records or not gpus:
                 return
             problem, base, tables = self._problem(records, gpus)
+            incumbent = self._incumbent(problem, base, gpus) if problem is not None else ()
             attempts = {r.job_id: r.attempt for r in records}
-        plan = await self._plan(problem, base, gpus) if problem is not None else None
+        self._planning = True
+        try:
+            plan = await self._plan(problem, base, gpus, incumbent) if problem is not None else None
+        finally:
+            self._planning = False
         async with self._lock:
             if plan is not None:
                 # jobs that started or moved while the core planned keep the steps they follow
@@ -631,9 +639,11 @@ class Dispatcher:
                                   tuple(dict.fromkeys(mine if waiting else r.gpus + r.target + mine)), r.epochs_done,
                                   None if waiting else (r.target if moving else r.gpus))
         for job_id, mine in owned.items():  # ended (or not the planner's) but not released yet: untouchable
-            live[job_id] = Live(job_id, True, True, tuple(mine), 0)
+            live[job_id] = Live(job_id, True, True, tuple(mine), 0, ended=True)
         moves = follow(self.steps, live, gpus)
         await asyncio.gather(*(self._act(m) for m in moves))
+        if self._planning:
+            return  # (the plan under way is the replan the checks below would ask for)
         if not moves and live and all(j.waiting for j in live.values()) and gpus and not self.owner:
             self.poke()  # nothing runs or holds a GPU, and nothing planned can start: the plan is spent or stale
         elif self.steps and not self._dirty.is_set() and self._late_in != self.plan_version:
@@ -689,6 +699,32 @@ class Dispatcher:
         return (PlanningInput(jobs=tuple(jobs), cluster=cluster, seed=self.seed, options=options,
                               resize_cost_s=overhead), base, tables)
 
+    def _incumbent(self, problem, base: dict[str, int], gpus: list[Gpu]) -> tuple:
+        """The plan in force on the problem's terms: each job's steps cut to the epochs it has left after
+        what it runs now, on GPU indices, at their planned times from now; () when that plan does not
+        cover the problem (a job it does not plan, a GPU gone)."""
+        from services.planner.core.model import Segment
+
+        if not self.steps:
+            return ()
+        index = {g: i for i, g in enumerate(gpus)}
+        shift = (time.time() - self._plan_origin) * self.time_scale
+        out = []
+        for job in problem.jobs:
+            first, covered = base[job.id], 0
+            for s in sorted(self._steps_of.get(job.id, ()), key=lambda s: s.after):
+                lo, hi = max(s.after, first), min(s.after + s.epochs, first + job.epochs)
+                if hi <= lo:
+                    continue
+                if any(g not in index for g in s.gpus):
+                    return ()
+                start = max(s.start_s - shift, 0.0)
+                out.append(Segment(job.id, start, start, tuple(sorted(index[g] for g in s.gpus)), hi - lo))
+                covered += hi - lo
+            if covered != job.epochs:
+                return ()
+        return tuple(out)
+
     def _tables(self, r: JobRecord, gpus: int, cache: dict) -> tuple[dict[int, float], dict[int, float]]:
         """(the job's epoch table as planned, the table of its profile alone when it has measured spreads),
         kept from the last replan while its inputs are unchanged (tables over a large cluster are long)."""
@@ -719,22 +755,23 @@ class Dispatcher:
         except Exception as exc:
             self._broken("lower_bound_failed", exc)
 
-    async def _plan(self, problem, base: dict[str, int], gpus: list[Gpu]) -> dict | None:
-        """Plan with the policy in force (`_run`); {"steps": [Step], "record": the plan to store}."""
+    async def _plan(self, problem, base: dict[str, int], gpus: list[Gpu], incumbent=()) -> dict | None:
+        """Plan with the policy in force (`_run`; `incumbent`: the plan in force, see plan_problem);
+        {"steps": [Step], "record": the plan to store}."""
         from services.planner.core.model import PlanningError
 
         name = self.policy_in_force
         committed = problem.options["committed"]
         began = time.monotonic()
         try:
-            result = await self._run(plan_problem, name, problem)
+            result, kept = await self._run(plan_problem, name, incumbent, problem)
         except PlanningError as exc:
             log.error("planning_failed", error=str(exc))
             return None
         wall = time.monotonic() - began
         seconds = wall * self.time_scale  # in job seconds
         log.info("planned", policy=name, jobs=len(problem.jobs), running=len(committed), plan_s=round(wall, 4),
-                 makespan_s=round(result.makespan_s, 1))
+                 makespan_s=round(result.makespan_s, 1), kept=kept)
         done = dict(base)
         steps = []
         for s in sorted(result.segments, key=lambda s: (s.start_s, s.job)):
@@ -857,16 +894,25 @@ class Dispatcher:
         return f"{self.checkpoint_root}/batch-{int((origin or 0) * 1000)}/{job_id}"
 
 
-def plan_problem(name: str, problem):
-    """Policy `name`'s plan, replayed after the committed history when it has any or breaks a rule."""
+def plan_problem(name: str, incumbent, problem):
+    """(plan, kept): policy `name`'s plan, replayed after the committed history when it has any or breaks
+    a rule; or, kept True, the `incumbent` segments (the plan in force, from now) replayed the same way
+    when the new plan is not better by more than the makespan tolerance: a replan made in a hurry
+    (deadline_s) must not trade a plan the cluster follows for a worse one, nor restart jobs for noise."""
     from services.planner.core import registry, validate
+    from services.planner.core.model import Plan
     from services.planner.core.simulator import replay
 
     committed = problem.options.get("committed", ())
     result = registry.plan(name, problem)
     if committed or validate.violations(result, problem):  # as the cluster runs it, after what runs
         result = replay(result, problem, committed)
-    return result
+    if incumbent:
+        kept = replay(Plan(result.policy, tuple(incumbent)), problem, committed)
+        tolerance = problem.options.get("makespan_tolerance", 0.0)
+        if kept.makespan_s <= result.makespan_s * (1 + tolerance) and not validate.violations(kept, problem):
+            return kept, True
+    return result, False
 
 
 def default_policy() -> str:

@@ -53,6 +53,8 @@ class Live:
     #: the GPUs its attempt runs on (or moves to); None: all it holds. A job that still holds a GPU its
     #: last attempt used (not released yet) holds more than it runs on.
     runs_on: tuple[Gpu, ...] | None = None
+    #: it ended (or is not the planner's) but some of its GPUs are not released yet: it has nothing to begin
+    ended: bool = False
 
     @property
     def on(self) -> tuple[Gpu, ...]:
@@ -75,7 +77,7 @@ def pending(steps: Sequence[Step], live: Mapping[str, Live]) -> dict[str, list[S
     out: dict[str, list[Step]] = {}
     for s in sorted(steps, key=lambda s: (s.after, s.start_s)):
         j = live.get(s.job_id)
-        if j is None:
+        if j is None or j.ended:
             continue
         rest = out.setdefault(s.job_id, [])
         if not rest and not j.waiting and set(s.gpus) == set(j.on):
@@ -112,13 +114,19 @@ def _heads(todo: Mapping[str, list[Step]]) -> dict[Gpu, Step]:
 
 def blockers(steps: Sequence[Step], live: Mapping[str, Live], step: Step) -> dict[str, str]:
     """Why a pending step cannot begin: per GPU it gains, the job holding it or the step planned on it first."""
-    holder, head = _holders(live), _heads(pending(steps, live))
+    todo = pending(steps, live)
+    holder, head = _holders(live), _heads(todo)
     mine = live[step.job_id].held if step.job_id in live else ()
     out = {}
     for g in (g for g in step.gpus if g not in mine):
         first = head.get(g, step)
         if holder.get(g, step.job_id) != step.job_id:
-            out[f"{g[0]}:{g[1]}"] = f"held by {holder[g]}"
+            h = live[holder[g]]
+            nxt = todo.get(h.job_id, [None])[0]
+            # the holder runs past its plan's end there, or its own next step has not begun yet
+            why = "(its plan ends there)" if nxt is None else (
+                f"(next step after {nxt.after} epochs, {h.epochs_done} done, planned {nxt.start_s:.1f} s)")
+            out[f"{g[0]}:{g[1]}"] = f"held by {holder[g]} {why}"
         elif first is not step:
             out[f"{g[0]}:{g[1]}"] = f"{first.job_id} planned first ({first.start_s:.1f} s)"
     return out

@@ -83,8 +83,12 @@ def test_a_job_that_moved_is_not_moved_again_while_its_old_gpu_is_not_released_y
 def test_a_late_step_says_what_blocks_it():
     steps = [Step("b", tuple(N0), 0, 100.0, 3), Step("c", (N0[1], N1[0]), 0, 50.0, 3)]
     jobs = live(running("a", N0[:1]), waiting("b"), waiting("c"))
-    assert blockers(steps, jobs, steps[0]) == {"n0:0": "held by a", "n0:1": "c planned first (50.0 s)"}
+    assert blockers(steps, jobs, steps[0]) == {"n0:0": "held by a (its plan ends there)",
+                                               "n0:1": "c planned first (50.0 s)"}
     assert blockers(steps, jobs, steps[1]) == {}
+    # a holder whose own next step (elsewhere) has not begun yet
+    moving_on = [*steps, Step("a", N1[1:], 2, 40.0, 1)]
+    assert blockers(moving_on, jobs, steps[0])["n0:0"] == "held by a (next step after 2 epochs, 0 done, planned 40.0 s)"
 
 
 def test_a_step_is_late_when_its_planned_start_has_passed_and_a_gpu_it_needs_idles():
@@ -155,3 +159,11 @@ def test_observed_epoch_times_survive_the_etcd_record():
     back = JobRecord.from_json(r.to_json())
     assert back == r and back.observed == {2: [12.5, 1]}
 
+
+
+def test_a_job_that_ended_while_its_gpus_are_released_one_node_at_a_time_is_neither_late_nor_moved():
+    steps = [Step("a", tuple(GPUS), 0, 0.0, 1), Step("b", tuple(N1), 0, 50.0, 2)]
+    # a finished; n0's executor released its half, n1's not yet: nothing of a is pending, b waits for n1
+    ended = Live("a", True, True, tuple(N1), 0, ended=True)
+    assert late(steps, live(ended, waiting("b")), now_s=40.0, slack_s=10.0) == []
+    assert moves(steps, [ended, waiting("b")]) == []
