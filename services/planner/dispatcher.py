@@ -182,7 +182,6 @@ class Dispatcher:
         self._deviated: set[str] = set()  # jobs that made the planner replan since the last plan
         self._table_cache: dict[str, tuple] = {}  # job -> (inputs, epoch tables) of the last replan
         self._first_plan_stored = False  # the batch's first plan is in etcd (it alone needs LB_fluid)
-        self._after_release: dict[str, tuple] = {}  # job -> (allocations to put, old GPUs not yet released)
         self._plan_origin = 0.0  # when the plan in force starts (Unix seconds)
         self._plan_makespan = 0.0  # its makespan (plan seconds)
         self.deposed = asyncio.Event()  # a write was fenced off: another planner leads now
@@ -376,11 +375,11 @@ class Dispatcher:
         self.poke()
 
     async def _forget_later(self, r: JobRecord) -> None:
-        """Drop the allocations the job's move still waited to put: no executor got them, so the planner
-        itself gives up the GPUs it claimed there."""
-        later = self._after_release.pop(r.job_id, None)
-        if later is not None:
-            await self._release(r.job_id, [g for g in r.target if g[0] in later[0]])
+        """Drop the allocations the job's move still waited to put (`joining`): no executor got them, so
+        the planner itself gives up the GPUs it claimed there."""
+        if r.joining:
+            await self._release(r.job_id, [g for g in r.target if g[0] in r.joining])
+            await self._update(r.job_id, lambda c: replace(c, joining=(), releasing=()) if c.joining else None)
 
     async def _follow_node(self, node_id: str) -> None:
         from omru.v1 import executor_pb2
@@ -454,12 +453,8 @@ class Dispatcher:
             # own (a node without rank 0 ends before rank 0's node reports FINISHED) leaves nothing
             keep = set() if r.terminal or current else set(r.target)
             await self._release(r.job_id, [g for g in e.gpus if g[0] == e.node_id and g not in keep])
-            waiting = self._after_release.get(r.job_id)
-            if waiting is not None:  # (released by the old attempt: the event names that one)
-                waiting[1].difference_update(e.gpus)
-                if not waiting[1]:  # the old attempt is gone everywhere: the new one may start
-                    await self._write(r.job_id, put=waiting[0])  # (etcd away: it raises, the event comes again)
-                    del self._after_release[r.job_id]
+            if r.joining and not current:  # the old attempt released these: are they all it held?
+                await self._join(r, e.gpus)
             self._follow_soon()
         elif e.kind == "failed" and current and not r.terminal and is_refusal(e.message) and (
                 self._refused(r.job_id) < MAX_REFUSALS):
@@ -856,37 +851,52 @@ class Dispatcher:
     # dispatching ------------------------------------------------------------------
 
     async def _act(self, a: Move) -> None:
-        from omru.v1 import executor_pb2
-        from services.planner import convert
-
         r = self.records.get(a.job_id)
         if r is None or r.terminal:
             return
         gained = [g for g in a.gpus if self.owner.get(g) != r.job_id]
         if any(g in self.owner for g in gained):
             return  # its last holder has not released it yet: that event brings the next pass
-        new = replace(r, state=st.STARTING if a.kind == "start" else st.RESIZING, target=a.gpus,
-                      attempt=r.attempt + 1, sent_s=time.time(), message="")
-        # rank 0 binds a port its host has free and publishes it in the shared checkpoint folder (port 0)
-        host = self.nodes[a.gpus[0][0]].address.rpartition(":")[0]
-        d = convert.directive(executor_pb2.DIRECTIVE_KIND_START, new, a.gpus, f"{host}:0",
-                              await self._checkpoint_dir(r.job_id), f"{new.attempt_id}-{a.kind}")
-        value = d.SerializeToString(deterministic=True)
         old_nodes, new_nodes = list(dict.fromkeys(g[0] for g in r.gpus)), list(dict.fromkeys(g[0] for g in a.gpus))
-        put = {n: (value, self.nodes[n].lease_id) for n in new_nodes}
         # A resize moves at the old attempt's next epoch boundary, which only the nodes it runs on know.
-        # Nodes that join get their allocation once the old attempt released its GPUs everywhere: sooner,
-        # their ranks would wait for the others for up to an epoch (past the rendezvous timeout), or,
-        # when no old node stays, train an epoch the old attempt is still training.
-        joining = {n: put.pop(n) for n in new_nodes if n not in old_nodes} if a.kind == "resize" else {}
+        # Nodes that join get their allocation once the old attempt released its GPUs everywhere (`_join`):
+        # sooner, their ranks would wait for the others for up to an epoch (past the rendezvous timeout),
+        # or, when no old node stays, train an epoch the old attempt is still training.
+        joining = tuple(n for n in new_nodes if n not in old_nodes) if a.kind == "resize" else ()
+        new = replace(r, state=st.STARTING if a.kind == "start" else st.RESIZING, target=a.gpus,
+                      attempt=r.attempt + 1, sent_s=time.time(), message="", joining=joining,
+                      releasing=r.gpus if joining else ())
+        value = await self._directive(new, a.kind)
         ok = await self._write(r.job_id, record=new, claim={g: self.nodes[g[0]].lease_id for g in gained},
-                               put=put, drop=[n for n in old_nodes if n not in new_nodes])
+                               put={n: (value, self.nodes[n].lease_id) for n in new_nodes if n not in joining},
+                               drop=[n for n in old_nodes if n not in new_nodes])
         if not ok:  # a GPU is someone else's (a profiling trial) or a node left: try again soon
             asyncio.get_running_loop().call_later(CLAIM_RETRY_S, self._follow_soon)
             return
-        if joining:
-            self._after_release[r.job_id] = (joining, set(r.gpus))
         log.info("dispatch", job_id=r.job_id, kind=a.kind, gpus=a.gpus, attempt=new.attempt_id)
+
+    async def _join(self, r: JobRecord, released: Sequence[Gpu]) -> None:
+        """The old attempt of a job that moves released these GPUs; once it released them all, the nodes the
+        move joins get their allocations (first, then the record says so: a write that fails, as one
+        lost with a planner that failed, is done again when the event comes again or at the next release)."""
+        r = await self._update(r.job_id, lambda c: replace(c, releasing=tuple(g for g in c.releasing if g not in released))
+                               if c.joining and c.attempt == r.attempt else None)
+        if r is None or not r.joining or r.releasing or r.terminal:
+            return
+        value = await self._directive(r, "resize")
+        if await self._write(r.job_id, put={n: (value, self.nodes[n].lease_id) for n in r.joining if n in self.nodes}):
+            await self._update(r.job_id, lambda c: replace(c, joining=()) if c.attempt == r.attempt else None)
+
+    async def _directive(self, r: JobRecord, kind: str) -> bytes:
+        """The allocation of the job's attempt on `target` (every node of it gets the same)."""
+        from omru.v1 import executor_pb2
+        from services.planner import convert
+
+        # rank 0 binds a port its host has free and publishes it in the shared checkpoint folder (port 0)
+        host = self.nodes[r.target[0][0]].address.rpartition(":")[0]
+        d = convert.directive(executor_pb2.DIRECTIVE_KIND_START, r, r.target, f"{host}:0",
+                              await self._checkpoint_dir(r.job_id), f"{r.attempt_id}-{kind}")
+        return d.SerializeToString(deterministic=True)
 
     async def _checkpoint_dir(self, job_id: str) -> str:
         """<root>/<batch>/<job>: the batch is its origin in ms, so a later batch never resumes an old checkpoint."""

@@ -69,6 +69,11 @@ class JobRecord:
     submitted_s: float = 0.0
     finished_s: float = 0.0
     message: str = ""
+    #: a resize's nodes that join: they get their allocation once the old attempt released `releasing`,
+    #: its GPUs not released yet (kept here, not in the planner's memory, so a planner that takes over
+    #: finishes the move)
+    joining: tuple[str, ...] = ()
+    releasing: tuple[Gpu, ...] = ()
     revision: int = 0  # etcd mod revision (not stored)
 
     @property
@@ -100,6 +105,8 @@ class JobRecord:
         d["observed"] = {int(k): [float(m), int(n)] for k, (m, n) in d.get("observed", {}).items()}
         d["gpus"] = tuple((n, int(i)) for n, i in d.get("gpus", ()))
         d["target"] = tuple((n, int(i)) for n, i in d.get("target", ()))
+        d["releasing"] = tuple((n, int(i)) for n, i in d.get("releasing", ()))
+        d["joining"] = tuple(d.get("joining", ()))
         d["placement"] = tuple((int(g), int(k), float(t)) for g, k, t in d.get("placement", ()))
         return cls(**d, revision=revision)
 

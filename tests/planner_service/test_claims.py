@@ -7,8 +7,10 @@ from dataclasses import replace
 
 import pytest
 
+from services.executor.worker.spec import TrainSpec
 from services.planner import state as st
 from services.planner.dispatcher import Dispatcher
+from services.planner.follow import Move, Step
 from services.planner.report import Event
 from services.planner.state import JobRecord, PlannerState
 
@@ -21,7 +23,8 @@ async def running(store, attempt: int, epochs_done: int) -> Dispatcher:
     """A planner whose job a runs on GPUS (attempt `attempt`), holding their claims and allocations."""
     d = Dispatcher(PlannerState(store), "127.0.0.1:1", "127.0.0.1:1")
     lease = await store.grant_lease(30)
-    job = JobRecord(spec={"job_id": "a", "epochs": 4}, state=st.RUNNING, attempt=attempt, gpus=tuple(GPUS),
+    spec = TrainSpec(job_id="a", model="resnet18", epochs=4).to_dict()
+    job = JobRecord(spec=spec, state=st.RUNNING, attempt=attempt, gpus=tuple(GPUS),
                     target=tuple(GPUS), epochs_done=epochs_done)
     assert await d._write("a", record=job, claim={g: lease for g in GPUS},
                           put={n: (b"directive", lease) for n in ("n0", "n1")})
@@ -56,14 +59,29 @@ async def test_an_older_attempts_release_leaves_the_gpus_the_job_moved_onto(etcd
     assert await d.state.claims() == {g: "a" for g in GPUS}
 
 
+async def moving(store) -> Dispatcher:
+    """A planner whose job a moves from n0 + n1 (attempt 1) onto n0 + n2 (attempt 2): n2's allocation waits
+    until attempt 1 released its GPUs everywhere."""
+    from omru.v1 import registry_pb2
+
+    d = await running(store, attempt=1, epochs_done=2)
+    lease = await store.grant_lease(30)
+    d.nodes = {n: registry_pb2.Node(node_id=n, address=f"127.0.0.1:{5000 + i}", lease_id=lease)
+               for i, n in enumerate(("n0", "n1", "n2"))}
+    d.owner = {g: "a" for g in GPUS}
+    await d._act(Move("a", "resize", (*N0, ("n2", 0)), Step("a", (*N0, ("n2", 0)), 3, 0.0, 1)))
+    r = d.records["a"]
+    assert (r.attempt, r.joining, set(r.releasing)) == (2, ("n2",), set(GPUS))
+    assert {kv.key.rpartition("/")[0].rpartition("/")[2] for kv in await allocations(store)} == {"n0"}
+    return d
+
+
 async def test_a_move_whose_allocation_could_not_be_written_is_written_when_the_event_comes_again(etcd_store):
     """The old attempt is gone, but etcd fails the write of the new nodes' allocations: nothing is lost,
     the event (not stored with the cursor, so it comes again) writes them."""
     from services.common.etcd import EtcdUnavailable
 
-    d = await running(etcd_store, attempt=2, epochs_done=2)  # a moves from n0 + n1 (attempt 1) ...
-    lease = await etcd_store.grant_lease(30)
-    d._after_release["a"] = ({"n2": (b"directive", lease)}, set(GPUS))  # ... onto n2, which waits for that
+    d = await moving(etcd_store)
     await d._on_event(Event("n0", "a", "gpus_released", 1.0, attempt_id="a-a1", gpus=tuple(N0), epoch=2))
     change, calls = d.state.change, []
 
@@ -75,8 +93,23 @@ async def test_a_move_whose_allocation_could_not_be_written_is_written_when_the_
     released = Event("n1", "a", "gpus_released", 1.0, attempt_id="a-a1", gpus=tuple(N1), epoch=2)
     with pytest.raises(EtcdUnavailable):
         await d._on_event(released)
-    assert calls and "a" in d._after_release
+    assert calls and d.records["a"].joining == ("n2",)
     d.state.change = change
     await d._on_event(released)  # the stream reopens at the cursor: the same event again
-    assert "a" not in d._after_release
+    assert d.records["a"].joining == ()
     assert any(kv.key.endswith("n2/a") for kv in await allocations(etcd_store))
+
+
+async def test_a_planner_that_takes_over_finishes_a_move_the_other_began(etcd_store):
+    """The move waits in the job's record, not in the planner's memory: a planner started afresh on the same
+    etcd writes the joining node's allocation when the old attempt's last release comes."""
+    first = await moving(etcd_store)
+    await first._on_event(Event("n0", "a", "gpus_released", 1.0, attempt_id="a-a1", gpus=tuple(N0), epoch=2))
+    second = Dispatcher(PlannerState(etcd_store), "127.0.0.1:1", "127.0.0.1:1")  # the first one died here
+    second.records = {r.job_id: r for r in await second.state.jobs()}
+    second.owner, second.nodes = await second.state.claims(), first.nodes
+    assert second.records["a"].releasing == tuple(N1)
+    await second._on_event(Event("n1", "a", "gpus_released", 1.0, attempt_id="a-a1", gpus=tuple(N1), epoch=2))
+    assert any(kv.key.endswith("n2/a") for kv in await allocations(etcd_store))
+    assert (await second.state.job("a")).joining == ()
+    assert await second.state.claims() == {g: "a" for g in (*N0, ("n2", 0))}
