@@ -457,6 +457,11 @@ class Supervisor:
         async with self._lock:
             if directive.directive_id in self._seen:
                 return True
+            job = self._jobs.get(directive.job_id)
+            if not directive.allocated and job is not None and job.allocated and job.state.active:
+                # (a StopJob the planner did not send would leave it thinking the job still runs)
+                raise ConflictError(f"job {directive.job_id!r} runs for the planner's allocation of node "
+                                    f"{self.node_id}; stop or move it through the planner (CancelJob)")
             handler = {DirectiveKind.START: self._start, DirectiveKind.RESIZE: self._resize,
                        DirectiveKind.STOP: self._stop}[directive.kind]
             await handler(directive)
@@ -479,7 +484,7 @@ class Supervisor:
         it runs here, report its GPUs (those of the allocation) as released at once."""
         job = self._jobs.get(job_id)
         if job is not None and job.state.active and job.profile is None:
-            await self.apply(Directive(f"{job.attempt_base}-deallocated", DirectiveKind.STOP, job_id))
+            await self.apply(Directive(f"{job.attempt_base}-deallocated", DirectiveKind.STOP, job_id, allocated=True))
         elif gpus and (job is None or not job.state.active):
             self.events.append(job_id, EventKind.GPUS_RELEASED, gpus=tuple(g for g in gpus if g.node_id == self.node_id),
                                message="allocation removed before it ran here")

@@ -1,17 +1,20 @@
 """An executor keeps its node's workers at the allocations in etcd
 (RegistryService.WatchAllocations): it starts an allocated attempt once however
 often it is written, never claims or releases the GPUs itself (the planner's
-claims stay), reports a refused allocation as a FAILED event, and after a broken
+claims stay), refuses a directive by call for a job it runs for an allocation, reports a refused allocation as a FAILED event, and after a broken
 stream reconciles to the snapshot it gets (a job whose allocation vanished
 meanwhile is stopped). The allocations are written as the planner writes them
 (PlannerState.change); the registry, executor and workers are real."""
 
 from __future__ import annotations
 
+import grpc
+import pytest
+
 from omru.v1 import executor_pb2
 from services.planner.state import PlannerState
 from tests.conftest import start_registry
-from tests.executor.service_builders import K, START, claims_of, directive, executors, gpu, is_event, tiny_job
+from tests.executor.service_builders import K, START, STOP, claims_of, directive, executors, gpu, is_event, tiny_job
 
 
 async def node_lease(etcd_store, node_id: str) -> int:
@@ -36,6 +39,12 @@ async def test_allocations_start_once_refusals_become_failed_events_and_claims_s
         lease = await node_lease(etcd_store, "n1")
         await allocate(state, lease, job)
         await events.wait_for(is_event("alloc", K.EXECUTOR_EVENT_KIND_STARTED))
+        # a StopJob the planner did not send (by call, not through the allocation) is refused: the job the
+        # planner allocated runs on, and the planner does not wait for ever for a job nobody runs
+        with pytest.raises(grpc.aio.AioRpcError) as stray:
+            await ex.stop_job(directive("stray", STOP, tiny_job("alloc")))
+        assert stray.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "'alloc' runs for the planner's allocation" in stray.value.details()
         await allocate(state, lease, job, claim=False)  # written again (a new revision): nothing is redone
         await allocate(state, lease, bad)
         refused = await events.wait_for(is_event("bad", K.EXECUTOR_EVENT_KIND_FAILED))
