@@ -8,6 +8,9 @@ one `python -m services.<svc>.server` and waits for its JSON ready line.
 the profiler, planner and N executors in parallel, and stops all of them
 (process groups, SIGTERM then SIGKILL) on exit; with die_with_parent,
 children also get SIGTERM when the launcher dies (Linux parent-death signal).
+`Supervisor` (what `LocalCluster.supervise`, i.e. `omru up`, runs) restarts a
+child that exits, on the same argv, port and log file, with a doubling
+backoff and a `RestartPolicy` limit past which it gives up.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -22,11 +26,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Callable, Mapping, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -192,10 +197,40 @@ class ServiceProcess:
     log_file: Path | None = None
     proc: subprocess.Popen | None = None
     info: dict = field(default_factory=dict)
+    _unread: bytes = field(default=b"", repr=False)  # stdout after the last newline (poll_ready)
 
     @property
     def address(self) -> str:
         return self.info["address"]
+
+    def respawn(self) -> "ServiceProcess":
+        """Start again after an exit: the same argv (a ``--port 0`` pinned to the port its
+        ready line named, so its address stays the same), env and log file (appended to).
+
+        The old process group is reaped (and stragglers in it killed) first; info
+        keeps the old ready line until poll_ready reads the new one."""
+        self.argv = pin_port(self.argv, self.info)
+        self.stop(grace=0.0)
+        self._unread = b""
+        return self.spawn()
+
+    def poll_ready(self) -> bool:
+        """Read what the child printed so far, never blocking; True once its ready line came (then in info)."""
+        if self.proc is None or self.proc.stdout is None:
+            return False
+        fd = self.proc.stdout.fileno()
+        while select.select([fd], [], [], 0)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return False
+            *lines, self._unread = (self._unread + chunk).split(b"\n")
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    msg = json.loads(line)
+                    if isinstance(msg, dict) and msg.get("ready"):
+                        self.info = msg
+                        return True
+        return False
 
     def spawn(self) -> "ServiceProcess":
         err: IO | None = open(self.log_file, "ab") if self.log_file else None
@@ -256,6 +291,140 @@ def wait_ready(services: Sequence[ServiceProcess], timeout: float) -> None:
                     del pending[key.fd]
     finally:
         selector.close()
+
+
+def pin_port(argv: Sequence[str], info: Mapping) -> list[str]:
+    """argv with a ``--port 0`` replaced by the port a ready line (info) reports; otherwise unchanged."""
+    argv = list(argv)
+    port = info.get("port") or str(info.get("address", "")).rpartition(":")[2]
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--port" and argv[i + 1] == "0" and str(port).isdigit() and int(port) > 0:
+            argv[i + 1] = str(port)
+    return argv
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a supervisor restarts a child that exited.
+
+    After the k-th restart within window_s (k = 0, 1, ...) the next waits
+    backoff_s * 2**k, at most max_backoff_s; a child that exits when it was
+    restarted max_restarts times within the last window_s is not restarted
+    (the supervisor gives up: max_restarts 0 gives up at the first exit)."""
+
+    max_restarts: int = 5
+    window_s: float = 60.0
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+
+    def recent(self, restarts: Sequence[float], now: float) -> int:
+        """How many of the restart times fall within window_s before now."""
+        return sum(1 for t in restarts if now - t < self.window_s)
+
+    def delay(self, recent: int) -> float:
+        """Seconds to wait before a restart, given the restarts within the window so far."""
+        return min(self.backoff_s * 2 ** recent, self.max_backoff_s)
+
+
+@dataclass
+class _Watched:
+    """What a Supervisor knows of one child."""
+
+    name: str
+    child: "ServiceProcess | EtcdProcess"
+    restarts: list[float] = field(default_factory=list)  # monotonic times of its restarts
+    exit_code: int | None = None  # of its last exit (None: never exited, or not ready in time)
+    due: float | None = None  # exited: when it is restarted
+    ready_by: float | None = None  # restarted: deadline of its ready line
+
+
+class Supervisor:
+    """Restarts children that exit (ServiceProcesses and EtcdProcesses, by name) under a RestartPolicy.
+
+    step() never blocks, except to restart etcd (until it is healthy, at most
+    10 s); it returns the events of that look, one dict each:
+    ``{"restarted": name, "exit_code": c, "restarts": n, "pid": p, "address": a}``
+    once a restarted child is ready again, and, when a child exits past the
+    limit (or is not ready ready_timeout seconds after a restart, which counts
+    as an exit), ``{"ready": False, "exited": [names], "reason": "..."}``;
+    after that the supervisor has given up and step() returns nothing."""
+
+    def __init__(self, children: Mapping[str, "ServiceProcess | EtcdProcess"], policy: RestartPolicy | None = None,
+                 ready_timeout: float = 30.0) -> None:
+        self.policy = policy or RestartPolicy()
+        self.ready_timeout = ready_timeout
+        self.watched = [_Watched(name, child) for name, child in children.items()]
+        self.given_up = False
+
+    def restarts(self, name: str) -> int:
+        """How many times the child called name was restarted."""
+        return next(len(w.restarts) for w in self.watched if w.name == name)
+
+    def step(self, now: float | None = None) -> list[dict]:
+        if self.given_up:
+            return []
+        now = time.monotonic() if now is None else now
+        events: list[dict] = []
+        over: list[tuple[_Watched, str]] = []
+        for w in self.watched:
+            if w.ready_by is not None:  # restarted, not ready yet
+                if isinstance(w.child, ServiceProcess) and w.child.poll_ready():
+                    w.ready_by = None
+                    events.append(self._restarted(w))
+                elif (code := _exit_code(w.child)) is not None:
+                    w.ready_by = None
+                    self._exited(w, code, now, over, f"exited with code {code} before its ready line")
+                elif now > w.ready_by:
+                    w.ready_by = None
+                    w.child.kill()
+                    self._exited(w, None, now, over, f"was not ready within {self.ready_timeout:g} s of a restart")
+            elif w.due is None:  # running
+                if (code := _exit_code(w.child)) is not None:
+                    self._exited(w, code, now, over, f"exited with code {code}")
+            if w.due is not None and now >= w.due and not over:
+                self._restart(w, now, events, over)
+        if over:
+            self.given_up = True
+            events.append({"ready": False, "exited": [w.name for w, _ in over], "reason": "; ".join(r for _, r in over)})
+        return events
+
+    def _exited(self, w: _Watched, code: int | None, now: float, over: list, why: str) -> None:
+        """Note an exit: restart after the backoff, or (past the limit) add (w, reason) to over."""
+        w.exit_code = code
+        recent = self.policy.recent(w.restarts, now)
+        if recent >= self.policy.max_restarts:
+            over.append((w, f"{w.name} {why} after {recent} restarts within {self.policy.window_s:g} s "
+                            f"(limit {self.policy.max_restarts})"))
+        else:
+            w.due = now + self.policy.delay(recent)
+
+    def _restart(self, w: _Watched, now: float, events: list, over: list) -> None:
+        w.due = None
+        w.restarts.append(now)
+        if isinstance(w.child, EtcdProcess):
+            try:
+                w.child.restart(min(self.ready_timeout, 10.0))
+            except LaunchError as exc:
+                self._exited(w, None, time.monotonic(), over, f"was not healthy after a restart ({str(exc).splitlines()[0]})")
+            else:
+                events.append(self._restarted(w))
+        else:
+            w.child.respawn()
+            w.ready_by = now + self.ready_timeout
+
+    @staticmethod
+    def _restarted(w: _Watched) -> dict:
+        child = w.child
+        address = child.endpoint if isinstance(child, EtcdProcess) else child.info.get("address")
+        return {"restarted": w.name, "exit_code": w.exit_code, "restarts": len(w.restarts),
+                "pid": child.proc.pid if child.proc is not None else None, "address": address}
+
+
+def _exit_code(child: "ServiceProcess | EtcdProcess") -> int | None:
+    """The child's exit status once it exited (-N: killed by signal N), None while it runs."""
+    if child.proc is None:
+        return -1  # gone without a process (a failed start): treat as exited
+    return child.proc.poll()
 
 
 def service_argv(module: str, *args: str) -> list[str]:
@@ -374,6 +543,26 @@ class LocalCluster:
             "seconds_to_ready": round(self.seconds_to_ready, 3),
             "work_dir": str(self.work_dir),
         }
+
+    def supervisor(self, policy: RestartPolicy | None = None) -> Supervisor:
+        """A Supervisor of every child started here: the services, and etcd when started here."""
+        children: dict[str, ServiceProcess | EtcdProcess] = {"etcd": self.etcd} if self.etcd is not None else {}
+        children.update((s.name, s) for s in self.services)
+        return Supervisor(children, policy, self.ready_timeout)
+
+    def supervise(self, stop: threading.Event, emit: Callable[[dict], None], policy: RestartPolicy | None = None,
+                  interval: float = 0.2) -> int:
+        """Restart children that exit until stop is set (0) or one exits past the policy's limit (1).
+
+        emit gets every Supervisor event (`omru up` prints each as a JSON line);
+        the caller stops the cluster afterwards."""
+        supervisor = self.supervisor(policy)
+        while not stop.wait(interval):
+            for event in supervisor.step():
+                emit(event)
+            if supervisor.given_up:
+                return 1
+        return 0
 
     def stop(self, keep_logs: bool = False) -> None:
         """Stop every child (executors first, etcd last) and remove an own temp dir (unless keep_logs)."""

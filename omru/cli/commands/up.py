@@ -1,5 +1,6 @@
 """`omru up`: a whole local cluster (etcd, registry, profiler, planner, N
-executors) as child processes, one JSON ready line, stop on SIGINT/SIGTERM."""
+executors) as child processes, one JSON ready line, a child that exits
+restarted (services.common.cluster.Supervisor), stop on SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ def register(subparsers) -> None:
         help="start a local cluster and run it until Ctrl-C",
         description=(
             "Start etcd (unless --etcd), the registry, profiler, planner and N executors, each on its own "
-            "loopback port; print one JSON line with their addresses; stop everything on SIGINT/SIGTERM."
+            "loopback port; print one JSON line with their addresses; restart a child that exits (same port, "
+            "backoff 0.5 s doubling to 8 s, one JSON line per restart), giving up and stopping everything "
+            "(exit status 1) past --max-restarts within 60 s; stop everything on SIGINT/SIGTERM."
         ),
     )
     parser.add_argument("--nodes", type=int, default=1, help="executors (nodes) to start (default 1)")
@@ -22,6 +25,9 @@ def register(subparsers) -> None:
     parser.add_argument("--ttl", type=int, default=5, help="node lease TTL in seconds (default 5)")
     parser.add_argument("--no-warm-workers", action="store_true",
                         help="start every worker cold (default: one waits per slot with torch imported)")
+    parser.add_argument("--max-restarts", type=int, default=5,
+                        help="restarts of one child within 60 s before giving up and stopping the cluster "
+                             "(default 5; 0: stop at the first exit)")
     parser.add_argument("--work-dir", default=None, help="directory for logs, etcd data and checkpoints (default: a temp dir, removed at exit)")
     parser.set_defaults(func=handle)
 
@@ -37,6 +43,8 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"--port {args.port} is not in 0..65535")
     if not 1 <= args.ttl <= 3600:
         raise CliError(f"--ttl {args.ttl} is not in 1..3600")
+    if not 0 <= args.max_restarts <= 1000:
+        raise CliError(f"--max-restarts {args.max_restarts} is not in 0..1000")
     if args.etcd is not None:
         host, sep, port = args.etcd.removeprefix("http://").rpartition(":")
         if not sep or not host or not port.isdigit():
@@ -52,7 +60,7 @@ def handle(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from omru.cli.main import CliError
-    from services.common.cluster import LaunchError, LocalCluster
+    from services.common.cluster import LaunchError, LocalCluster, RestartPolicy
 
     _check(args)
     stop = threading.Event()
@@ -79,11 +87,8 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError(str(exc).splitlines()[0] + f" (logs under {cluster.work_dir / 'logs'})") from exc
     try:
         print(json.dumps(cluster.ready_line()), flush=True)
-        while not stop.wait(0.5):
-            dead = [s.name for s in cluster.services if s.proc is not None and s.proc.poll() is not None]
-            if dead:
-                print(json.dumps({"ready": False, "exited": dead}), flush=True)
-                return 1
-        return 0
+        # {"restarted": ...} per restart; {"ready": false, "exited": [...], "reason": ...} and 1 past the limit
+        return cluster.supervise(stop, lambda event: print(json.dumps(event), flush=True),
+                                 RestartPolicy(max_restarts=args.max_restarts))
     finally:
         cluster.stop()
