@@ -7,6 +7,7 @@
         ids = c.submit(workload.load("examples/demo.yaml"))
         for update in c.watch(until_done=True):
             print(update.job_id, update.state, update.epochs_done)
+        print([j.job_id for j in c.list_jobs(states=["FAILED"])])  # where jobs stand now, filtered by state
         print(c.report().makespan_s)
         for chunk in c.logs(ids[0], rank=0):  # what rank 0 printed (stdout and stderr), with node and attempt
             print(chunk.text, end="")
@@ -123,6 +124,20 @@ def _state(value: int) -> str:
     return common_pb2.JobState.Name(value).removeprefix("JOB_STATE_")
 
 
+def _state_value(state: str | int) -> int:
+    """omru.v1.JobState value of a state name (with or without JOB_STATE_, any case) or value."""
+    from omru.v1 import common_pb2
+
+    if isinstance(state, int):
+        return state
+    name = state.upper()
+    name = name if name.startswith("JOB_STATE_") else f"JOB_STATE_{name}"
+    if name == "JOB_STATE_UNSPECIFIED" or name not in common_pb2.JobState.keys():
+        known = ", ".join(n.removeprefix("JOB_STATE_") for n in common_pb2.JobState.keys()[1:])
+        raise ValueError(f"unknown job state {state!r}; known: {known}")
+    return common_pb2.JobState.Value(name)
+
+
 def _status(u) -> JobStatus:
     return JobStatus(u.job_id, _state(u.state), u.epochs_done, u.world_size, u.accuracy, u.plan_version, u.revision,
                      u.message, u.time_unix_s, u.epochs)
@@ -215,22 +230,21 @@ class Client:
 
         return (await self._stub.GetReport(planner_pb2.GetReportRequest(), timeout=self.deadline_s)).report
 
+    async def list_jobs(self, states: Sequence[str | int] = (), job_ids: Sequence[str] = ()) -> list[JobStatus]:
+        """Every job where it stands now, by job_id (PlannerService.ListJobs; a standby planner answers too).
+
+        states: only jobs in these states, by name ("RUNNING", "running" or "JOB_STATE_RUNNING") or
+        omru.v1.JobState value (ValueError naming an unknown name; INVALID_ARGUMENT an unknown value);
+        job_ids: only these jobs. Empty: no filter."""
+        from omru.v1 import planner_pb2
+
+        request = planner_pb2.ListJobsRequest(states=[_state_value(x) for x in states], job_ids=list(job_ids))
+        reply = await self._stub.ListJobs(request, timeout=self.deadline_s)
+        return [_status(u) for u in reply.jobs]
+
     async def status(self) -> list[JobStatus]:
-        """The current state of every job (the snapshot WatchJobs opens with)."""
-        latest: dict[str, JobStatus] = {}
-        stream = self._watch_call((), 0)
-        try:
-            while True:
-                try:
-                    reply = await asyncio.wait_for(stream.read(), timeout=0.5 if latest else self.deadline_s)
-                except asyncio.TimeoutError:
-                    break
-                if reply is None or not hasattr(reply, "update"):
-                    break
-                latest[reply.update.job_id] = _status(reply.update)
-        finally:
-            stream.cancel()
-        return sorted(latest.values(), key=lambda s: s.job_id)
+        """The current state of every job, by job_id (`list_jobs` without filters)."""
+        return await self.list_jobs()
 
     async def logs(self, job_id: str, rank: int | None = None, attempt: int = 0, follow: bool = False,
                    timeout_s: float | None = None) -> AsyncIterator[LogChunk]:
@@ -337,6 +351,10 @@ class SyncClient:
 
     def report_proto(self):
         return self._run(self._client.report_proto())
+
+    def list_jobs(self, states: Sequence[str | int] = (), job_ids: Sequence[str] = ()) -> list[JobStatus]:
+        """`Client.list_jobs`, blocking."""
+        return self._run(self._client.list_jobs(states, job_ids))
 
     def status(self) -> list[JobStatus]:
         return self._run(self._client.status())

@@ -202,6 +202,22 @@ class WatchJobsResponse(_message.Message):
     update: JobUpdate
     def __init__(self, update: _Optional[_Union[JobUpdate, _Mapping]] = ...) -> None: ...
 
+class ListJobsRequest(_message.Message):
+    __slots__ = ("states", "job_ids")
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedScalarFieldContainer[_common_pb2.JobState]
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, states: _Optional[_Iterable[_Union[_common_pb2.JobState, str]]] = ..., job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "revision")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobUpdate]
+    revision: int
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobUpdate, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+
 class GetReportRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -56,6 +56,11 @@ class PlannerServiceStub:
                 request_serializer=omru_dot_v1_dot_planner__pb2.WatchJobsRequest.SerializeToString,
                 response_deserializer=omru_dot_v1_dot_planner__pb2.WatchJobsResponse.FromString,
                 _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/omru.v1.PlannerService/ListJobs',
+                request_serializer=omru_dot_v1_dot_planner__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=omru_dot_v1_dot_planner__pb2.ListJobsResponse.FromString,
+                _registered_method=True)
         self.GetReport = channel.unary_unary(
                 '/omru.v1.PlannerService/GetReport',
                 request_serializer=omru_dot_v1_dot_planner__pb2.GetReportRequest.SerializeToString,
@@ -101,6 +106,14 @@ class PlannerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListJobs(self, request, context):
+        """Returns every job where it stands now (what WatchJobs opens with), by
+        job_id; a standby planner answers too. INVALID_ARGUMENT names a bad filter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetReport(self, request, context):
         """Returns the report of the batch so far.
         """
@@ -138,6 +151,11 @@ def add_PlannerServiceServicer_to_server(servicer, server):
                     servicer.WatchJobs,
                     request_deserializer=omru_dot_v1_dot_planner__pb2.WatchJobsRequest.FromString,
                     response_serializer=omru_dot_v1_dot_planner__pb2.WatchJobsResponse.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=omru_dot_v1_dot_planner__pb2.ListJobsRequest.FromString,
+                    response_serializer=omru_dot_v1_dot_planner__pb2.ListJobsResponse.SerializeToString,
             ),
             'GetReport': grpc.unary_unary_rpc_method_handler(
                     servicer.GetReport,
@@ -260,6 +278,33 @@ class PlannerService:
             '/omru.v1.PlannerService/WatchJobs',
             omru_dot_v1_dot_planner__pb2.WatchJobsRequest.SerializeToString,
             omru_dot_v1_dot_planner__pb2.WatchJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/omru.v1.PlannerService/ListJobs',
+            omru_dot_v1_dot_planner__pb2.ListJobsRequest.SerializeToString,
+            omru_dot_v1_dot_planner__pb2.ListJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

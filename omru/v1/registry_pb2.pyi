@@ -17,7 +17,6 @@ class ClusterEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CLUSTER_EVENT_KIND_NODE_REMOVED: _ClassVar[ClusterEventKind]
     CLUSTER_EVENT_KIND_GPU_CLAIMED: _ClassVar[ClusterEventKind]
     CLUSTER_EVENT_KIND_GPU_RELEASED: _ClassVar[ClusterEventKind]
-    CLUSTER_EVENT_KIND_JOB_UPDATED: _ClassVar[ClusterEventKind]
     CLUSTER_EVENT_KIND_RESYNC: _ClassVar[ClusterEventKind]
 CLUSTER_EVENT_KIND_UNSPECIFIED: ClusterEventKind
 CLUSTER_EVENT_KIND_NODE_ADDED: ClusterEventKind
@@ -25,7 +24,6 @@ CLUSTER_EVENT_KIND_NODE_UPDATED: ClusterEventKind
 CLUSTER_EVENT_KIND_NODE_REMOVED: ClusterEventKind
 CLUSTER_EVENT_KIND_GPU_CLAIMED: ClusterEventKind
 CLUSTER_EVENT_KIND_GPU_RELEASED: ClusterEventKind
-CLUSTER_EVENT_KIND_JOB_UPDATED: ClusterEventKind
 CLUSTER_EVENT_KIND_RESYNC: ClusterEventKind
 
 class Node(_message.Message):
@@ -57,26 +55,6 @@ class GpuClaim(_message.Message):
     claimed_unix_s: float
     revision: int
     def __init__(self, gpu: _Optional[_Union[_common_pb2.GpuRef, _Mapping]] = ..., job_id: _Optional[str] = ..., claimed_unix_s: _Optional[float] = ..., revision: _Optional[int] = ...) -> None: ...
-
-class Job(_message.Message):
-    __slots__ = ("spec", "state", "message", "epochs_done", "world_size", "accuracy", "updated_unix_s", "revision")
-    SPEC_FIELD_NUMBER: _ClassVar[int]
-    STATE_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    EPOCHS_DONE_FIELD_NUMBER: _ClassVar[int]
-    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
-    ACCURACY_FIELD_NUMBER: _ClassVar[int]
-    UPDATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
-    REVISION_FIELD_NUMBER: _ClassVar[int]
-    spec: _common_pb2.JobSpec
-    state: _common_pb2.JobState
-    message: str
-    epochs_done: int
-    world_size: int
-    accuracy: float
-    updated_unix_s: float
-    revision: int
-    def __init__(self, spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., message: _Optional[str] = ..., epochs_done: _Optional[int] = ..., world_size: _Optional[int] = ..., accuracy: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "address", "gpus", "ttl_seconds")
@@ -194,68 +172,6 @@ class ListClaimsResponse(_message.Message):
     revision: int
     def __init__(self, claims: _Optional[_Iterable[_Union[GpuClaim, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
 
-class PutJobRequest(_message.Message):
-    __slots__ = ("spec",)
-    SPEC_FIELD_NUMBER: _ClassVar[int]
-    spec: _common_pb2.JobSpec
-    def __init__(self, spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ...) -> None: ...
-
-class PutJobResponse(_message.Message):
-    __slots__ = ("job", "created")
-    JOB_FIELD_NUMBER: _ClassVar[int]
-    CREATED_FIELD_NUMBER: _ClassVar[int]
-    job: Job
-    created: bool
-    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
-
-class GetJobRequest(_message.Message):
-    __slots__ = ("job_id",)
-    JOB_ID_FIELD_NUMBER: _ClassVar[int]
-    job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
-
-class GetJobResponse(_message.Message):
-    __slots__ = ("job",)
-    JOB_FIELD_NUMBER: _ClassVar[int]
-    job: Job
-    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
-
-class ListJobsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
-
-class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs", "revision")
-    JOBS_FIELD_NUMBER: _ClassVar[int]
-    REVISION_FIELD_NUMBER: _ClassVar[int]
-    jobs: _containers.RepeatedCompositeFieldContainer[Job]
-    revision: int
-    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
-
-class UpdateJobStateRequest(_message.Message):
-    __slots__ = ("job_id", "state", "expected_revision", "message", "epochs_done", "world_size", "accuracy")
-    JOB_ID_FIELD_NUMBER: _ClassVar[int]
-    STATE_FIELD_NUMBER: _ClassVar[int]
-    EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    EPOCHS_DONE_FIELD_NUMBER: _ClassVar[int]
-    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
-    ACCURACY_FIELD_NUMBER: _ClassVar[int]
-    job_id: str
-    state: _common_pb2.JobState
-    expected_revision: int
-    message: str
-    epochs_done: int
-    world_size: int
-    accuracy: float
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., expected_revision: _Optional[int] = ..., message: _Optional[str] = ..., epochs_done: _Optional[int] = ..., world_size: _Optional[int] = ..., accuracy: _Optional[float] = ...) -> None: ...
-
-class UpdateJobStateResponse(_message.Message):
-    __slots__ = ("job",)
-    JOB_FIELD_NUMBER: _ClassVar[int]
-    job: Job
-    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
-
 class WatchClusterRequest(_message.Message):
     __slots__ = ("after_revision",)
     AFTER_REVISION_FIELD_NUMBER: _ClassVar[int]
@@ -263,18 +179,16 @@ class WatchClusterRequest(_message.Message):
     def __init__(self, after_revision: _Optional[int] = ...) -> None: ...
 
 class ClusterEvent(_message.Message):
-    __slots__ = ("revision", "kind", "node", "claim", "job")
+    __slots__ = ("revision", "kind", "node", "claim")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLAIM_FIELD_NUMBER: _ClassVar[int]
-    JOB_FIELD_NUMBER: _ClassVar[int]
     revision: int
     kind: ClusterEventKind
     node: Node
     claim: GpuClaim
-    job: Job
-    def __init__(self, revision: _Optional[int] = ..., kind: _Optional[_Union[ClusterEventKind, str]] = ..., node: _Optional[_Union[Node, _Mapping]] = ..., claim: _Optional[_Union[GpuClaim, _Mapping]] = ..., job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+    def __init__(self, revision: _Optional[int] = ..., kind: _Optional[_Union[ClusterEventKind, str]] = ..., node: _Optional[_Union[Node, _Mapping]] = ..., claim: _Optional[_Union[GpuClaim, _Mapping]] = ...) -> None: ...
 
 class WatchClusterResponse(_message.Message):
     __slots__ = ("revision", "events")

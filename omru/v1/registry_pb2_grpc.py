@@ -28,7 +28,8 @@ if _version_not_supported:
 class RegistryServiceStub:
     """RegistryService keeps the cluster state in etcd: nodes and their GPUs
     (bound to the node's lease: a lost lease is a lost node), exclusive GPU
-    claims, jobs and their states, and a watch stream of every change.
+    claims, and a watch stream of every change. Jobs are the planner's
+    (PlannerService.ListJobs).
     """
 
     def __init__(self, channel):
@@ -77,26 +78,6 @@ class RegistryServiceStub:
                 request_serializer=omru_dot_v1_dot_registry__pb2.ListClaimsRequest.SerializeToString,
                 response_deserializer=omru_dot_v1_dot_registry__pb2.ListClaimsResponse.FromString,
                 _registered_method=True)
-        self.PutJob = channel.unary_unary(
-                '/omru.v1.RegistryService/PutJob',
-                request_serializer=omru_dot_v1_dot_registry__pb2.PutJobRequest.SerializeToString,
-                response_deserializer=omru_dot_v1_dot_registry__pb2.PutJobResponse.FromString,
-                _registered_method=True)
-        self.GetJob = channel.unary_unary(
-                '/omru.v1.RegistryService/GetJob',
-                request_serializer=omru_dot_v1_dot_registry__pb2.GetJobRequest.SerializeToString,
-                response_deserializer=omru_dot_v1_dot_registry__pb2.GetJobResponse.FromString,
-                _registered_method=True)
-        self.ListJobs = channel.unary_unary(
-                '/omru.v1.RegistryService/ListJobs',
-                request_serializer=omru_dot_v1_dot_registry__pb2.ListJobsRequest.SerializeToString,
-                response_deserializer=omru_dot_v1_dot_registry__pb2.ListJobsResponse.FromString,
-                _registered_method=True)
-        self.UpdateJobState = channel.unary_unary(
-                '/omru.v1.RegistryService/UpdateJobState',
-                request_serializer=omru_dot_v1_dot_registry__pb2.UpdateJobStateRequest.SerializeToString,
-                response_deserializer=omru_dot_v1_dot_registry__pb2.UpdateJobStateResponse.FromString,
-                _registered_method=True)
         self.WatchCluster = channel.unary_stream(
                 '/omru.v1.RegistryService/WatchCluster',
                 request_serializer=omru_dot_v1_dot_registry__pb2.WatchClusterRequest.SerializeToString,
@@ -112,7 +93,8 @@ class RegistryServiceStub:
 class RegistryServiceServicer:
     """RegistryService keeps the cluster state in etcd: nodes and their GPUs
     (bound to the node's lease: a lost lease is a lost node), exclusive GPU
-    claims, jobs and their states, and a watch stream of every change.
+    claims, and a watch stream of every change. Jobs are the planner's
+    (PlannerService.ListJobs).
     """
 
     def RegisterNode(self, request, context):
@@ -168,35 +150,6 @@ class RegistryServiceServicer:
 
     def ListClaims(self, request, context):
         """Returns every GPU claim.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PutJob(self, request, context):
-        """Stores a new job in state PENDING; storing the same spec again is a no-op.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def GetJob(self, request, context):
-        """Returns one job; NOT_FOUND when unknown.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ListJobs(self, request, context):
-        """Returns every job.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def UpdateJobState(self, request, context):
-        """Moves a job to a new state (compare-and-swap on its revision; the
-        transition must be allowed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -261,26 +214,6 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     request_deserializer=omru_dot_v1_dot_registry__pb2.ListClaimsRequest.FromString,
                     response_serializer=omru_dot_v1_dot_registry__pb2.ListClaimsResponse.SerializeToString,
             ),
-            'PutJob': grpc.unary_unary_rpc_method_handler(
-                    servicer.PutJob,
-                    request_deserializer=omru_dot_v1_dot_registry__pb2.PutJobRequest.FromString,
-                    response_serializer=omru_dot_v1_dot_registry__pb2.PutJobResponse.SerializeToString,
-            ),
-            'GetJob': grpc.unary_unary_rpc_method_handler(
-                    servicer.GetJob,
-                    request_deserializer=omru_dot_v1_dot_registry__pb2.GetJobRequest.FromString,
-                    response_serializer=omru_dot_v1_dot_registry__pb2.GetJobResponse.SerializeToString,
-            ),
-            'ListJobs': grpc.unary_unary_rpc_method_handler(
-                    servicer.ListJobs,
-                    request_deserializer=omru_dot_v1_dot_registry__pb2.ListJobsRequest.FromString,
-                    response_serializer=omru_dot_v1_dot_registry__pb2.ListJobsResponse.SerializeToString,
-            ),
-            'UpdateJobState': grpc.unary_unary_rpc_method_handler(
-                    servicer.UpdateJobState,
-                    request_deserializer=omru_dot_v1_dot_registry__pb2.UpdateJobStateRequest.FromString,
-                    response_serializer=omru_dot_v1_dot_registry__pb2.UpdateJobStateResponse.SerializeToString,
-            ),
             'WatchCluster': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchCluster,
                     request_deserializer=omru_dot_v1_dot_registry__pb2.WatchClusterRequest.FromString,
@@ -302,7 +235,8 @@ def add_RegistryServiceServicer_to_server(servicer, server):
 class RegistryService:
     """RegistryService keeps the cluster state in etcd: nodes and their GPUs
     (bound to the node's lease: a lost lease is a lost node), exclusive GPU
-    claims, jobs and their states, and a watch stream of every change.
+    claims, and a watch stream of every change. Jobs are the planner's
+    (PlannerService.ListJobs).
     """
 
     @staticmethod
@@ -511,114 +445,6 @@ class RegistryService:
             '/omru.v1.RegistryService/ListClaims',
             omru_dot_v1_dot_registry__pb2.ListClaimsRequest.SerializeToString,
             omru_dot_v1_dot_registry__pb2.ListClaimsResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PutJob(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/omru.v1.RegistryService/PutJob',
-            omru_dot_v1_dot_registry__pb2.PutJobRequest.SerializeToString,
-            omru_dot_v1_dot_registry__pb2.PutJobResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def GetJob(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/omru.v1.RegistryService/GetJob',
-            omru_dot_v1_dot_registry__pb2.GetJobRequest.SerializeToString,
-            omru_dot_v1_dot_registry__pb2.GetJobResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ListJobs(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/omru.v1.RegistryService/ListJobs',
-            omru_dot_v1_dot_registry__pb2.ListJobsRequest.SerializeToString,
-            omru_dot_v1_dot_registry__pb2.ListJobsResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def UpdateJobState(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/omru.v1.RegistryService/UpdateJobState',
-            omru_dot_v1_dot_registry__pb2.UpdateJobStateRequest.SerializeToString,
-            omru_dot_v1_dot_registry__pb2.UpdateJobStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,11 +27,11 @@ DEFAULT_DEADLINE_S = 5.0
 IDEMPOTENT_METHODS: dict[str, tuple[str, ...]] = {
     "omru.v1.RegistryService": (
         "KeepAliveNode", "DeregisterNode", "GetNode", "ListNodes", "ClaimGpus",
-        "ReleaseGpus", "ListClaims", "PutJob", "GetJob", "ListJobs",
+        "ReleaseGpus", "ListClaims",
     ),
     "omru.v1.ExecutorService": ("StartJob", "ResizeJob", "StopJob", "GetJobs"),
     "omru.v1.ProfilerService": ("GetProfile",),
-    "omru.v1.PlannerService": ("SubmitJobs", "CancelJob", "GetPlan", "GetReport"),
+    "omru.v1.PlannerService": ("SubmitJobs", "CancelJob", "GetPlan", "ListJobs", "GetReport"),
     "grpc.health.v1.Health": ("Check",),
 }
 

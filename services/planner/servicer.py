@@ -131,6 +131,25 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             self.dispatcher.unwatch_jobs(q)
 
     @grpc_errors
+    async def ListJobs(self, request, context):
+        # From etcd, not the dispatcher's memory: a standby planner answers with what the leader stored.
+        for i, state in enumerate(request.states):
+            if state == common_pb2.JOB_STATE_UNSPECIFIED or state not in common_pb2.JobState.values():
+                await abort_invalid(context, f"states[{i}]", f"{state} is not a job state")
+        for i, job_id in enumerate(request.job_ids):
+            problem = validation.id_problem(f"job_ids[{i}]", job_id)
+            if problem:
+                await abort_invalid(context, *problem)
+        states = {common_pb2.JobState.Name(s).removeprefix("JOB_STATE_") for s in request.states}
+        wanted = set(request.job_ids)
+        version = self.dispatcher.plan_version
+        records = await self.dispatcher.state.jobs()  # by job_id (etcd's key order)
+        return planner_pb2.ListJobsResponse(
+            jobs=[convert.job_update(r, version) for r in records
+                  if (not states or r.state in states) and (not wanted or r.job_id in wanted)],
+            revision=max((r.revision for r in records), default=0))
+
+    @grpc_errors
     async def GetReport(self, request, context):
         figures, holds, first, origin = await build_report(self.dispatcher)
         return planner_pb2.GetReportResponse(report=convert.report_proto(figures, holds, first, origin))

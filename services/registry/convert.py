@@ -4,7 +4,6 @@ etcd watch batches -> WatchClusterResponse.
 Layout under the OMRU prefix (values are the serialized messages):
   nodes/<node_id>                 Node      bound to the node's lease
   claims/<node_id>/<index:05d>    GpuClaim  bound to the node's lease
-  jobs/<job_id>                   Job
   allocs/<node_id>/<job_id>       Directive the job's attempt the node must run (the planner's desired
                                             state), bound to the node's lease
 """
@@ -16,7 +15,6 @@ from services.common.etcd import Kv, Resync, WatchBatch, WatchEvent
 
 NODES = "nodes/"
 CLAIMS = "claims/"
-JOBS = "jobs/"
 ALLOCS = "allocs/"
 Kind = registry_pb2.ClusterEventKind
 
@@ -27,10 +25,6 @@ def node_key(node_id: str) -> str:
 
 def claim_key(node_id: str, index: int) -> str:
     return f"{CLAIMS}{node_id}/{index:05d}"
-
-
-def job_key(job_id: str) -> str:
-    return f"{JOBS}{job_id}"
 
 
 def alloc_prefix(node_id: str) -> str:
@@ -66,12 +60,6 @@ def claim_from_kv(kv: Kv) -> registry_pb2.GpuClaim:
     return claim
 
 
-def job_from_kv(kv: Kv) -> registry_pb2.Job:
-    job = registry_pb2.Job.FromString(kv.value)
-    job.revision = kv.mod_revision
-    return job
-
-
 def gpu_name(gpu: common_pb2.GpuRef) -> str:
     """"node:index", as error messages name a GPU."""
     return f"{gpu.node_id}:{gpu.index}"
@@ -96,10 +84,6 @@ def cluster_event(event: WatchEvent) -> registry_pb2.ClusterEvent | None:
             claim.revision = rev
         kind = Kind.CLUSTER_EVENT_KIND_GPU_CLAIMED if put else Kind.CLUSTER_EVENT_KIND_GPU_RELEASED
         return registry_pb2.ClusterEvent(revision=rev, kind=kind, claim=claim)
-    if event.key.startswith(JOBS) and put:
-        job = registry_pb2.Job.FromString(data)
-        job.revision = rev
-        return registry_pb2.ClusterEvent(revision=rev, kind=Kind.CLUSTER_EVENT_KIND_JOB_UPDATED, job=job)
     return None
 
 

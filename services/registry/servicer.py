@@ -12,7 +12,7 @@ import inspect
 
 import grpc
 
-from omru.v1 import common_pb2, registry_pb2, registry_pb2_grpc
+from omru.v1 import registry_pb2, registry_pb2_grpc
 from services.common.errors import abort_invalid, grpc_errors
 from services.registry import validation as v
 from services.registry.store import RegistryError, RegistryStore
@@ -21,7 +21,6 @@ _CODES = {
     "not_found": grpc.StatusCode.NOT_FOUND,
     "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
     "aborted": grpc.StatusCode.ABORTED,
-    "already_exists": grpc.StatusCode.ALREADY_EXISTS,
 }
 
 
@@ -111,38 +110,6 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
             await _check(context, v.id_problem("job_id", request.job_id))
         claims, revision = await self.store.list_claims(request.job_id)
         return registry_pb2.ListClaimsResponse(claims=claims, revision=revision)
-
-    @_registry_errors
-    async def PutJob(self, request, context):
-        await _check(context, ("spec", "is required") if not request.HasField("spec") else None, v.job_spec_problem(request.spec))
-        job, created = await self.store.put_job(request.spec)
-        return registry_pb2.PutJobResponse(job=job, created=created)
-
-    @_registry_errors
-    async def GetJob(self, request, context):
-        await _check(context, v.id_problem("job_id", request.job_id))
-        return registry_pb2.GetJobResponse(job=await self.store.get_job(request.job_id))
-
-    @_registry_errors
-    async def ListJobs(self, request, context):
-        jobs, revision = await self.store.list_jobs()
-        return registry_pb2.ListJobsResponse(jobs=jobs, revision=revision)
-
-    @_registry_errors
-    async def UpdateJobState(self, request, context):
-        state_problem = None
-        if request.state == common_pb2.JOB_STATE_UNSPECIFIED or request.state not in common_pb2.JobState.values():
-            state_problem = ("state", f"{request.state} is not a job state")
-        await _check(
-            context,
-            v.id_problem("job_id", request.job_id),
-            state_problem,
-            ("expected_revision", f"{request.expected_revision} is negative") if request.expected_revision < 0 else None,
-            ("epochs_done", f"{request.epochs_done} is negative") if request.epochs_done < 0 else None,
-            ("world_size", f"{request.world_size} is negative") if request.world_size < 0 else None,
-            ("accuracy", f"{request.accuracy} is not in 0..1") if not 0 <= request.accuracy <= 1 else None,
-        )
-        return registry_pb2.UpdateJobStateResponse(job=await self.store.update_job_state(request))
 
     @_registry_errors
     async def WatchCluster(self, request, context):

@@ -2,7 +2,7 @@
 
 Input is validated by the servicer first; what can only be known from the
 stored state raises `RegistryError` with a kind the servicer maps to a gRPC
-code ("not_found", "failed_precondition", "aborted", "already_exists").
+code ("not_found", "failed_precondition", "aborted").
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from typing import AsyncIterator, Sequence
 
 from omru.v1 import common_pb2, registry_pb2
 from services.common.etcd import EtcdStore, LeaseNotFound, Resync
-from services.registry import convert, jobstates
-from services.registry.convert import claim_key, encode, gpu_name, job_key, node_key
-
-_STATE_PREFIX = "JOB_STATE_"
+from services.registry import convert
+from services.registry.convert import claim_key, encode, gpu_name, node_key
 
 
 class RegistryError(Exception):
@@ -26,12 +24,8 @@ class RegistryError(Exception):
         self.kind = kind
 
 
-def state_name(state: int) -> str:
-    return common_pb2.JobState.Name(state)[len(_STATE_PREFIX) :]
-
-
 class RegistryStore:
-    """Nodes, GPU claims and jobs in etcd."""
+    """Nodes and GPU claims in etcd."""
 
     def __init__(self, etcd: EtcdStore, clock=time.time) -> None:
         self.etcd = etcd
@@ -139,58 +133,6 @@ class RegistryStore:
         kvs, revision = await self.etcd.list(convert.CLAIMS)
         claims = [convert.claim_from_kv(kv) for kv in kvs]
         return [c for c in claims if not job_id or c.job_id == job_id], revision
-
-    # --- jobs ----------------------------------------------------------------
-
-    async def put_job(self, spec: common_pb2.JobSpec) -> tuple[registry_pb2.Job, bool]:
-        """Store a new PENDING job; (stored job, created). Same spec again: not created."""
-        job = registry_pb2.Job(spec=spec, state=common_pb2.JOB_STATE_PENDING, updated_unix_s=self._clock())
-        result = await self.etcd.cas(job_key(spec.job_id), encode(job), mod_revision=0)
-        if result.succeeded:
-            job.revision = result.revision
-            return job, True
-        if not result.existing:
-            raise RegistryError("aborted", f"job_id {spec.job_id!r} changed while storing; retry")
-        stored = convert.job_from_kv(result.existing[0])
-        if stored.spec != spec:
-            raise RegistryError("already_exists", f"job_id {spec.job_id!r} exists with a different spec")
-        return stored, False
-
-    async def get_job(self, job_id: str) -> registry_pb2.Job:
-        kv = await self.etcd.get(job_key(job_id))
-        if kv is None:
-            raise RegistryError("not_found", f"job_id {job_id!r} not found")
-        return convert.job_from_kv(kv)
-
-    async def list_jobs(self) -> tuple[list[registry_pb2.Job], int]:
-        kvs, revision = await self.etcd.list(convert.JOBS)
-        return [convert.job_from_kv(kv) for kv in kvs], revision
-
-    async def update_job_state(self, request: registry_pb2.UpdateJobStateRequest) -> registry_pb2.Job:
-        """Move the job to request.state (compare-and-swap on its revision)."""
-        job = await self.get_job(request.job_id)
-        if request.expected_revision and request.expected_revision != job.revision:
-            raise RegistryError(
-                "aborted",
-                f"expected_revision {request.expected_revision} is stale: job {request.job_id!r} is at revision {job.revision}",
-            )
-        current, new = state_name(job.state), state_name(request.state)
-        if not jobstates.can_move(current, new):
-            raise RegistryError("failed_precondition", f"state {new} not allowed for job {request.job_id!r} in state {current}")
-        updated = registry_pb2.Job()
-        updated.CopyFrom(job)
-        updated.ClearField("revision")
-        updated.state = request.state
-        updated.message = request.message
-        updated.epochs_done = request.epochs_done
-        updated.world_size = request.world_size
-        updated.accuracy = request.accuracy
-        updated.updated_unix_s = self._clock()
-        result = await self.etcd.cas(job_key(request.job_id), encode(updated), mod_revision=job.revision)
-        if not result.succeeded:
-            raise RegistryError("aborted", f"job {request.job_id!r} changed concurrently (revision {job.revision}); read it again")
-        updated.revision = result.revision
-        return updated
 
     # --- watch ---------------------------------------------------------------
 

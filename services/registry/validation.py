@@ -1,7 +1,6 @@
 """Checks of client input (pure): each returns the first problem as
 (field, problem) or None. Servicers turn a problem into INVALID_ARGUMENT
-"<field>: <problem>"; the planner validates submitted JobSpecs with
-`job_spec_problem` too.
+"<field>: <problem>" (the planner checks ids with `id_problem` too).
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from typing import Iterable
 from omru.v1 import common_pb2
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_DATASET_PREFIXES = ("imagefolder:", "clips:")
-_DATASETS = ("digits", "synthetic")
 
 Problem = tuple[str, str] | None
 
@@ -73,38 +70,4 @@ def gpu_infos_problem(field: str, gpus: Iterable[common_pb2.GpuInfo]) -> Problem
         seen.add(gpu.index)
     if count == 0:
         return field, "at least one GPU is required"
-    return None
-
-
-def job_spec_problem(spec: common_pb2.JobSpec, field: str = "spec") -> Problem:
-    """The first problem of a JobSpec, or None."""
-    problem = id_problem(f"{field}.job_id", spec.job_id)
-    if problem:
-        return problem
-    if not spec.model:
-        return f"{field}.model", "is required"
-    if not (spec.dataset in _DATASETS or (spec.dataset.startswith(_DATASET_PREFIXES) and spec.dataset.split(":", 1)[1])):
-        return f"{field}.dataset", f"{spec.dataset!r} is not one of digits, synthetic, imagefolder:<dir>, clips:<dir>"
-    positive = {"epochs": spec.epochs, "batch_size": spec.batch_size}
-    for name, value in positive.items():
-        if value <= 0:
-            return f"{field}.{name}", f"{value} is not positive"
-    non_negative = {
-        "base_lr": spec.base_lr,
-        "base_batch": spec.base_batch,
-        "warmup_epochs": spec.warmup_epochs,
-        "momentum": spec.momentum,
-        "weight_decay": spec.weight_decay,
-        "num_classes": spec.num_classes,
-        "image_size": spec.image_size,
-        "frames": spec.frames,
-        "min_gpus": spec.min_gpus,
-        "max_gpus": spec.max_gpus,
-        "train_samples": spec.train_samples,
-    }
-    for name, value in non_negative.items():
-        if value < 0:
-            return f"{field}.{name}", f"{value} is negative"
-    if spec.max_gpus and spec.min_gpus > spec.max_gpus:
-        return f"{field}.min_gpus", f"{spec.min_gpus} is above max_gpus {spec.max_gpus}"
     return None

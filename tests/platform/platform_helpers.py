@@ -22,12 +22,6 @@ def register_request(node_id: str = "node-a", slots: int = 2, ttl: int = 5, port
     return registry_pb2.RegisterNodeRequest(node_id=node_id, address=f"127.0.0.1:{port}", gpus=cpu_slots(slots), ttl_seconds=ttl)
 
 
-def job_spec(job_id: str = "job-1", **overrides) -> common_pb2.JobSpec:
-    fields = dict(job_id=job_id, model="mlp", dataset="digits", epochs=2, batch_size=16, base_lr=0.1, base_batch=16, seed=1)
-    fields.update(overrides)
-    return common_pb2.JobSpec(**fields)
-
-
 async def rpc_error(call) -> grpc.aio.AioRpcError:
     """The AioRpcError an awaited call raises (AssertionError when it succeeds)."""
     try:

@@ -8,7 +8,7 @@ import time
 import grpc
 
 from omru.v1 import registry_pb2
-from platform_helpers import Collector, job_spec, register_request, rpc_error
+from platform_helpers import Collector, gpu, register_request, rpc_error
 
 
 async def _until_serving(call_factory, timeout: float = 15.0):
@@ -24,26 +24,26 @@ async def _until_serving(call_factory, timeout: float = 15.0):
 
 async def test_registry_answers_unavailable_while_etcd_is_down_and_serves_again_after_restart(etcd, registry_stub):
     await registry_stub.RegisterNode(register_request("node-o", ttl=60))
-    await registry_stub.PutJob(registry_pb2.PutJobRequest(spec=job_spec("kept")))
-    listed = await registry_stub.ListJobs(registry_pb2.ListJobsRequest())
+    await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="kept", gpus=[gpu("node-o", 0)]))
+    listed = await registry_stub.ListClaims(registry_pb2.ListClaimsRequest())
     watch = Collector(registry_stub.WatchCluster(registry_pb2.WatchClusterRequest(after_revision=listed.revision)))
 
     await asyncio.to_thread(etcd.stop)
     for call in (
         registry_stub.ListNodes(registry_pb2.ListNodesRequest()),
-        registry_stub.GetJob(registry_pb2.GetJobRequest(job_id="kept")),
-        registry_stub.PutJob(registry_pb2.PutJobRequest(spec=job_spec("during"))),
+        registry_stub.ListClaims(registry_pb2.ListClaimsRequest(job_id="kept")),
+        registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="during", gpus=[gpu("node-o", 1)])),
     ):
         error = await rpc_error(call)
         assert error.code() == grpc.StatusCode.UNAVAILABLE
         assert etcd.endpoint in error.details()
 
     await asyncio.to_thread(etcd.start)  # same ports, same data
-    jobs = await _until_serving(lambda: registry_stub.ListJobs(registry_pb2.ListJobsRequest()))
-    assert [j.spec.job_id for j in jobs.jobs] == ["kept"]
+    claims = await _until_serving(lambda: registry_stub.ListClaims(registry_pb2.ListClaimsRequest()))
+    assert [c.job_id for c in claims.claims] == ["kept"]
     assert (await registry_stub.GetNode(registry_pb2.GetNodeRequest(node_id="node-o"))).node.node_id == "node-o"
-    after = (await registry_stub.PutJob(registry_pb2.PutJobRequest(spec=job_spec("after")))).job.revision
+    after = (await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="after", gpus=[gpu("node-o", 1)]))).revision
     event = await watch.wait_for(lambda e: e.revision == after, timeout=15)  # the open watch resumed by itself
-    assert event.job.spec.job_id == "after"
+    assert event.claim.job_id == "after"
     assert watch.error is None
     await watch.close()

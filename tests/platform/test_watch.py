@@ -7,7 +7,7 @@ import asyncio
 from conftest import start_registry
 
 from omru.v1 import registry_pb2, registry_pb2_grpc
-from platform_helpers import Collector, gpu, job_spec, register_request
+from platform_helpers import Collector, gpu, register_request
 from services.common.channels import open_channel
 
 Kind = registry_pb2.ClusterEventKind
@@ -16,7 +16,7 @@ Kind = registry_pb2.ClusterEventKind
 async def _write(stub, i: int) -> int:
     """One registry write; returns its etcd revision."""
     if i % 3 == 0:
-        return (await stub.PutJob(registry_pb2.PutJobRequest(spec=job_spec(f"job-{i}")))).job.revision
+        return (await stub.RegisterNode(register_request(f"node-{i}", slots=1, ttl=60))).node.revision
     if i % 3 == 1:
         return (await stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id=f"job-{i}", gpus=[gpu("node-w", i % 8)]))).revision
     return (await stub.ReleaseGpus(registry_pb2.ReleaseGpusRequest(job_id=f"job-{i - 1}"))).revision
@@ -67,8 +67,7 @@ async def test_a_transaction_over_several_keys_arrives_as_one_response(registry_
 
 
 async def test_a_watch_from_a_compacted_revision_resyncs_with_the_full_state_then_continues(registry_stub, etcd_store):
-    await registry_stub.RegisterNode(register_request("node-c", slots=2))
-    old = (await registry_stub.PutJob(registry_pb2.PutJobRequest(spec=job_spec("old")))).job.revision
+    old = (await registry_stub.RegisterNode(register_request("node-c", slots=2))).node.revision
     await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="old", gpus=[gpu("node-c", 0)]))
     compact_at = await etcd_store.revision()
     await etcd_store._client.compact(compact_at)  # noqa: SLF001 (test set-up: make history unavailable)
@@ -78,20 +77,21 @@ async def test_a_watch_from_a_compacted_revision_resyncs_with_the_full_state_the
     assert resync.revision >= compact_at
     first = watch.responses[0]
     kinds = sorted(Kind.Name(e.kind) for e in first.events)
-    assert kinds == sorted(["CLUSTER_EVENT_KIND_RESYNC", "CLUSTER_EVENT_KIND_NODE_ADDED", "CLUSTER_EVENT_KIND_JOB_UPDATED", "CLUSTER_EVENT_KIND_GPU_CLAIMED"])
-    later = (await registry_stub.PutJob(registry_pb2.PutJobRequest(spec=job_spec("new")))).job.revision
+    assert kinds == sorted(["CLUSTER_EVENT_KIND_RESYNC", "CLUSTER_EVENT_KIND_NODE_ADDED", "CLUSTER_EVENT_KIND_GPU_CLAIMED"])
+    later = (await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="new", gpus=[gpu("node-c", 1)]))).revision
     event = await watch.wait_for(lambda e: e.revision == later)
-    assert event.job.spec.job_id == "new"
+    assert event.claim.job_id == "new"
     await watch.close()
 
 
 async def test_watch_from_zero_starts_now(registry_stub):
-    await registry_stub.PutJob(registry_pb2.PutJobRequest(spec=job_spec("before")))
+    await registry_stub.RegisterNode(register_request("node-z", slots=2, ttl=60))
+    await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="before", gpus=[gpu("node-z", 0)]))
     watch = Collector(registry_stub.WatchCluster(registry_pb2.WatchClusterRequest(after_revision=0)))
     await asyncio.sleep(0.3)  # let the watch start
-    after = (await registry_stub.PutJob(registry_pb2.PutJobRequest(spec=job_spec("after")))).job.revision
+    after = (await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="after", gpus=[gpu("node-z", 1)]))).revision
     await watch.wait_for(lambda e: e.revision == after)
-    assert [e.job.spec.job_id for e in watch.events] == ["after"]
+    assert [e.claim.job_id for e in watch.events] == ["after"]
     await watch.close()
 
 

@@ -8,6 +8,8 @@ from omru.cli import plannerargs
 def register(subparsers) -> None:
     p = subparsers.add_parser("status", help="show every job and the plan", description=__doc__)
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--state", action="append", default=[], metavar="STATE",
+                   help="only jobs in this state (running, failed, ...); repeat for several")
     plannerargs.add(p)
     p.set_defaults(func=handle)
 
@@ -18,9 +20,13 @@ def handle(args) -> int:
 
     import grpc
 
+    from omru.cli.main import CliError
+
     with plannerargs.client(args) as c:
         try:
-            jobs, plan = c.status(), c.plan()
+            jobs, plan = c.list_jobs(states=args.state), c.plan()
+        except ValueError as exc:
+            raise CliError(f"--state: {exc}") from None
         except grpc.RpcError as exc:
             raise plannerargs.rpc_error(exc) from None
     if args.json:

@@ -1,0 +1,145 @@
+"""PlannerService.ListJobs on real etcd and a real registry: every job, filters, bad filters, a standby."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import grpc
+import pytest
+
+from omru.v1 import common_pb2, planner_pb2
+from tests.planner_service.planner_helpers import planner, spec
+
+S = common_pb2
+
+
+def _request(*job_ids: str) -> planner_pb2.SubmitJobsRequest:
+    """Jobs with measured epoch times (not profiled: no profiler runs here)."""
+    return planner_pb2.SubmitJobsRequest(jobs=[spec(j) for j in job_ids], profiles=[
+        planner_pb2.JobProfile(job_id=j, epoch_seconds={1: 3.0}) for j in job_ids])
+
+
+async def _listed(stub, **filters) -> list[tuple[str, int]]:
+    reply = await stub.ListJobs(planner_pb2.ListJobsRequest(**filters), timeout=5)
+    return [(u.job_id, u.state) for u in reply.jobs]
+
+
+async def test_list_jobs_returns_every_job_and_filters_by_state_and_id(etcd, registry):
+    async with planner(etcd.endpoint, registry.address) as (_, d, stub):
+        assert (await stub.ListJobs(planner_pb2.ListJobsRequest(), timeout=5)) == planner_pb2.ListJobsResponse()
+        await stub.SubmitJobs(_request("c", "a", "b"), timeout=5)
+        await stub.CancelJob(planner_pb2.CancelJobRequest(job_id="b"), timeout=5)
+
+        for _ in range(50):  # (a read between two equal reads of etcd: the planner may move a job meanwhile)
+            before = await d.state.jobs()
+            reply = await stub.ListJobs(planner_pb2.ListJobsRequest(), timeout=5)
+            if await d.state.jobs() == before:
+                break
+        stored = {r.job_id: r for r in before}
+        assert [u.job_id for u in reply.jobs] == ["a", "b", "c"]  # every job, by job_id
+        for u in reply.jobs:  # the JobUpdate WatchJobs streams for the same record
+            r = stored[u.job_id]
+            assert u.state == S.JobState.Value(f"JOB_STATE_{r.state}") and u.revision == r.revision
+            assert u.epochs == 2 and u.plan_version == d.plan_version
+        assert reply.revision == max(r.revision for r in stored.values())
+        states = dict((u.job_id, u.state) for u in reply.jobs)
+        assert states["b"] == S.JOB_STATE_CANCELLED and states["a"] != S.JOB_STATE_CANCELLED
+
+        assert await _listed(stub, states=[S.JOB_STATE_CANCELLED]) == [("b", S.JOB_STATE_CANCELLED)]
+        assert await _listed(stub, states=[S.JOB_STATE_FINISHED]) == []
+        live = [s for s in S.JobState.values() if s not in (S.JOB_STATE_UNSPECIFIED, S.JOB_STATE_CANCELLED)]
+        assert [j for j, _ in await _listed(stub, states=live)] == ["a", "c"]
+        assert [j for j, _ in await _listed(stub, states=[S.JOB_STATE_CANCELLED, *live])] == ["a", "b", "c"]
+        assert [j for j, _ in await _listed(stub, job_ids=["c", "a", "ghost"])] == ["a", "c"]
+        assert await _listed(stub, job_ids=["a", "b"], states=[S.JOB_STATE_CANCELLED]) == [("b", S.JOB_STATE_CANCELLED)]
+
+        # WatchJobs from the list's revision streams what changed after it, and nothing before
+        watch = stub.WatchJobs(planner_pb2.WatchJobsRequest(after_revision=reply.revision))
+        try:
+            await stub.CancelJob(planner_pb2.CancelJobRequest(job_id="a"), timeout=5)
+            while True:
+                update = (await asyncio.wait_for(watch.read(), 5)).update
+                assert update.revision > reply.revision
+                if (update.job_id, update.state) == ("a", S.JOB_STATE_CANCELLED):
+                    break
+        finally:
+            watch.cancel()
+
+
+@pytest.mark.parametrize("filters,named", [
+    (dict(states=[42]), "states[0]: 42 is not a job state"),
+    (dict(states=[S.JOB_STATE_RUNNING, S.JOB_STATE_UNSPECIFIED]), "states[1]: 0 is not a job state"),
+    (dict(job_ids=["a", ""]), "job_ids[1]: is required"),
+    (dict(job_ids=["bad id!"]), "job_ids[0]: 'bad id!' is not a valid id"),
+])
+async def test_a_bad_filter_is_invalid_naming_it(etcd, registry, filters, named):
+    async with planner(etcd.endpoint, registry.address) as (_, _d, stub):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ListJobs(planner_pb2.ListJobsRequest(**filters), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert named in err.value.details()
+
+
+@contextlib.asynccontextmanager
+async def _standby(etcd_endpoint: str, registry_address: str):
+    """A PlannerServiceStub to a planner that serves but never started leading (on standby)."""
+    from omru.v1 import planner_pb2_grpc
+    from services.common import config as cfg
+    from services.common.channels import open_channel
+    from services.common.etcd import EtcdStore
+    from services.planner.dispatcher import Dispatcher
+    from services.planner.server import start
+    from services.planner.servicer import PlannerServicer
+    from services.planner.state import PlannerState
+
+    store = EtcdStore(etcd_endpoint)
+    await store.connect()
+    d = Dispatcher(PlannerState(store), registry_address, profiler="127.0.0.1:1")
+    config = cfg.PlannerConfig(server=cfg.ServerConfig(port=0), etcd=cfg.EtcdConfig(endpoint=etcd_endpoint),
+                               registry=registry_address, profiler="127.0.0.1:1")
+    running = await start(config, PlannerServicer(d))
+    channel = open_channel(running.address)
+    try:
+        assert not d.leading
+        yield planner_pb2_grpc.PlannerServiceStub(channel)
+    finally:
+        await channel.close()
+        await running.stop(0)
+        await store.close()
+
+
+async def test_a_standby_planner_lists_the_jobs_the_leader_stored(etcd, registry):
+    async with planner(etcd.endpoint, registry.address) as (_, _d, leader):
+        await leader.SubmitJobs(_request("x", "y"), timeout=5)
+        async with _standby(etcd.endpoint, registry.address) as standby:
+            with pytest.raises(grpc.aio.AioRpcError) as err:  # it does not write
+                await standby.SubmitJobs(_request("z"), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert [j for j, _ in await _listed(standby)] == ["x", "y"]
+
+
+async def test_the_sdk_and_omru_status_list_jobs_through_list_jobs(etcd, registry, capsys):
+    from omru.cli.main import main
+    from omru.client import Client
+
+    async with planner(etcd.endpoint, registry.address) as (running, _d, stub):
+        await stub.SubmitJobs(_request("p", "q"), timeout=5)
+        await stub.CancelJob(planner_pb2.CancelJobRequest(job_id="q"), timeout=5)
+        async with Client(running.address) as c:
+            assert [j.job_id for j in await c.status()] == ["p", "q"]
+            assert [(j.job_id, j.state) for j in await c.list_jobs(states=["cancelled"])] == [("q", "CANCELLED")]
+            assert [j.job_id for j in await c.list_jobs(states=[S.JOB_STATE_CANCELLED], job_ids=["p"])] == []
+            with pytest.raises(ValueError, match="'bogus'"):
+                await c.list_jobs(states=["bogus"])
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.list_jobs(states=[99])
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "states[0]: 99" in err.value.details()
+
+        capsys.readouterr()
+        rc = await asyncio.to_thread(main, ["status", "--planner", running.address, "--state", "CANCELLED", "--json"])
+        assert rc == 0
+        assert [j["job_id"] for j in json.loads(capsys.readouterr().out)["jobs"]] == ["q"]
+        rc = await asyncio.to_thread(main, ["status", "--planner", running.address, "--state", "bogus"])
+        assert rc == 2 and "--state: unknown job state 'bogus'" in capsys.readouterr().err
