@@ -630,8 +630,11 @@ class Dispatcher:
                     owned[r.job_id] = list(mine)
                 continue
             waiting, moving = r.state == st.WAITING, r.state in (st.STARTING, st.RESIZING)
-            live[r.job_id] = Live(r.job_id, waiting, moving,
-                                  tuple(dict.fromkeys(mine if waiting else r.gpus + r.target + mine)), r.epochs_done,
+            # an attempt that released every GPU it ran on ended (finished, or stopped on its own): its
+            # outcome comes on rank 0's node's stream, which may lag the others'; nothing moves it meanwhile
+            ended = r.state == st.RUNNING and not mine
+            held = mine if waiting or ended else tuple(dict.fromkeys(r.gpus + r.target + mine))
+            live[r.job_id] = Live(r.job_id, waiting, moving or ended, held, r.epochs_done,
                                   None if waiting else (r.target if moving else r.gpus))
         for job_id, mine in owned.items():  # ended (or not the planner's) but not released yet: untouchable
             live[job_id] = Live(job_id, True, True, tuple(mine), 0, ended=True)
@@ -862,10 +865,11 @@ class Dispatcher:
         # Nodes that join get their allocation once the old attempt released its GPUs everywhere (`_join`):
         # sooner, their ranks would wait for the others for up to an epoch (past the rendezvous timeout),
         # or, when no old node stays, train an epoch the old attempt is still training.
-        joining = tuple(n for n in new_nodes if n not in old_nodes) if a.kind == "resize" else ()
+        releasing = tuple(g for g in r.gpus if self.owner.get(g) == r.job_id)  # by the old attempt, not yet
+        joining = tuple(n for n in new_nodes if n not in old_nodes) if a.kind == "resize" and releasing else ()
         new = replace(r, state=st.STARTING if a.kind == "start" else st.RESIZING, target=a.gpus,
                       attempt=r.attempt + 1, sent_s=time.time(), message="", joining=joining,
-                      releasing=r.gpus if joining else ())
+                      releasing=releasing if joining else ())
         value = await self._directive(new, a.kind)
         ok = await self._write(r.job_id, record=new, claim={g: self.nodes[g[0]].lease_id for g in gained},
                                put={n: (value, self.nodes[n].lease_id) for n in new_nodes if n not in joining},

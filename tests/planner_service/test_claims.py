@@ -113,3 +113,31 @@ async def test_a_planner_that_takes_over_finishes_a_move_the_other_began(etcd_st
     assert any(kv.key.endswith("n2/a") for kv in await allocations(etcd_store))
     assert (await second.state.job("a")).joining == ()
     assert await second.state.claims() == {g: "a" for g in (*N0, ("n2", 0))}
+
+
+async def test_a_job_whose_attempt_released_every_gpu_is_not_moved_before_its_outcome_comes(etcd_store):
+    """Every node of a finishing job released its GPUs, but rank 0's node's FINISHED (another stream) lags:
+    the planner does not send the job a planned move (the attempt would wait for ranks that never come),
+    and the GPUs it released go to the next job at once."""
+    from omru.v1 import common_pb2, registry_pb2
+
+    d = await moving(etcd_store)  # (only for its nodes) a's move to attempt 2 ...
+    d.nodes = {n: registry_pb2.Node(node_id=n, address=node.address, lease_id=node.lease_id,
+                                    gpus=[common_pb2.GpuInfo(index=i) for i in range(2)])
+               for n, node in d.nodes.items()}
+    for node, gpus in (("n0", N0), ("n1", N1)):
+        await d._on_event(Event(node, "a", "gpus_released", 1.0, attempt_id="a-a1", gpus=tuple(gpus), epoch=2))
+    await d._update("a", lambda c: replace(c, state=st.RUNNING, gpus=c.target))
+    for node in ("n0", "n2"):  # ... ran and ended everywhere
+        gpus = tuple(g for g in d.records["a"].gpus if g[0] == node)
+        await d._on_event(Event(node, "a", "gpus_released", 1.0, attempt_id="a-a2", gpus=gpus, epoch=4))
+    assert d.owner == {}
+    b = JobRecord(spec=TrainSpec(job_id="b", model="resnet18", epochs=2).to_dict(), state=st.WAITING,
+                  profile={1: 1.0})
+    await d.state.create_jobs([b])
+    d.records["b"] = await d.state.job("b")
+    d.records["a"] = replace(d.records["a"], profile={1: 1.0})
+    d._adopt([Step("a", tuple(N1), 3, 0.0, 1), Step("b", tuple(N0), 0, 0.0, 2)])
+    await d._follow()
+    assert d.records["a"].attempt == 2  # not moved onto n1
+    assert d.records["b"].state == st.STARTING and set(d.records["b"].target) == set(N0)
