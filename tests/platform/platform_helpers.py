@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import grpc
 
@@ -66,3 +67,28 @@ class Collector:
     async def close(self) -> None:
         self.call.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
+
+
+def cmdline(pid: int) -> str:
+    """The process's command line ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every live descendant of pid (zombies left out), with its command line (from /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return {p: c for p in found if (c := cmdline(p))}

