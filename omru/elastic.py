@@ -390,7 +390,7 @@ class Context:
         A trial runs the profile's warm-up iterations, then times
         measure_iters iterations (fetching the batch and what the loop body
         does with it) or one full epoch, reports PROFILED (the slowest
-        rank's median) and ends the process (exit 0), or, with
+        rank's median) and ends the process at once (exit 0, no teardown), or, with
         ``exit_after_profile`` False, the iteration."""
         self.steps = len(loader)
         if self.profile is None:
@@ -404,7 +404,12 @@ class Context:
         yield from self._trial(loader)
         if self.exit_after_profile:
             leave(self.rank, self.world_size)
-            raise SystemExit(0)
+            # Exit now, not through the interpreter's teardown: the script's frames still hold its model
+            # (DDP and the process group it keeps alive), and freeing those at finalization can abort
+            # the process (SIGABRT, "terminate called without an active exception") after a good trial.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
     def _trial(self, loader):
         stop_at_once(self.stop_file)

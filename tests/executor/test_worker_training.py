@@ -168,6 +168,27 @@ def test_a_worker_refuses_a_checkpoint_of_another_model(tmp_path):
     assert [e for e, _ in checkpoint.list_checkpoints(str(tmp_path))] == [1]  # nothing stored is lost
 
 
+TEARDOWN_ABORT = """
+import os
+from omru import elastic
+ctx = elastic.init()
+ctx.exit_after_profile = False
+for _ in ctx.batches([[0.0]] * 4):
+    pass
+if ctx.rank == 0:
+    os.abort()  # dies in its teardown, after every rank measured
+"""
+
+
+def test_a_rank_that_dies_after_the_measurement_does_not_fail_the_trial(tmp_path):
+    (tmp_path / "trial.py").write_text(TEARDOWN_ABORT)
+    spec = TrainSpec(job_id="p", command=("python", str(tmp_path / "trial.py")), workdir=str(tmp_path))
+    profile = ProfileSpec(warmup_iters=1, measure_iters=2)
+    result = launch.run_attempt(spec, launch.new_attempt(2, str(tmp_path / "ck"), profile=profile), env=ENV)
+    assert result.returncodes[0] == -6  # (SIGABRT: the death the outcome must see past)
+    assert result.outcome == "profiled" and result.final["world_size"] == 2 and result.final["iters"] == 2
+
+
 @pytest.mark.parametrize("mode", ["sampled", "epoch"])
 def test_profile_mode_reports_steady_state_iteration_seconds(tmp_path, mode):
     spec = TrainSpec(job_id="p", model="mobilenet_v3_small", dataset="synthetic", batch_size=8, image_size=32,

@@ -137,7 +137,8 @@ class LaunchResult:
     """How an attempt ended.
 
     outcome: ``finished`` (all epochs done), ``stopped`` (at an epoch boundary,
-    on request), ``profiled``, ``exited`` (all local ranks exited 0 without a
+    on request), ``profiled`` (rank 0 reported the slowest rank's timing: a rank
+    dying after that, in its teardown, does not fail the trial), ``exited`` (all local ranks exited 0 without a
     final record: ranks > 0 on a node that does not host rank 0), ``terminated``
     (`WorkerGroup.terminate` was called), ``failed`` (a rank exited non-zero).
     """
@@ -316,9 +317,11 @@ class WorkerGroup:
         return f"rank {rank} {how}" + (f": {detail}" if detail else "")
 
     def _outcome(self, failure: str) -> str:
+        if any(r.get("event") == "profile" for r in self.records):
+            return "profiled"  # every rank measured (rank 0 reports the slowest): a death after it is teardown
         if failure:
             return "failed"
-        for event, outcome in (("finished", "finished"), ("stopped", "stopped"), ("profile", "profiled")):
+        for event, outcome in (("finished", "finished"), ("stopped", "stopped")):
             if any(r.get("event") == event for r in self.records):
                 return outcome
         return "terminated" if self._stopping else "exited"
