@@ -1,8 +1,10 @@
 """Plan -> GPU claims -> directives: the plan is carried out as it really happens.
 
 `Dispatcher` is the planner's engine. It follows the registry (WatchCluster:
-nodes joining and leaving) and every executor's event log (WatchEvents), and
-keeps job state in etcd (services/planner/state.py; this planner is the one
+nodes joining and leaving) and every executor's event log (WatchEvents: the
+events that arrived while the last were handled, handled together, with a
+job's epochs in one record write and the events stored in one transaction per
+100), and keeps job state in etcd (services/planner/state.py; this planner is the one
 writer of job records and keeps them in memory too).
 
 Replanning (`reconcile`) happens when a job is submitted, cancelled or fails,
@@ -74,6 +76,8 @@ CLAIM_RETRY_S = 0.2
 #: A job its executors refuse this many times in a row (a placement or spec they cannot run) fails,
 #: with their reason, rather than being replanned onto the same refusal again and again.
 MAX_REFUSALS = 3
+#: The most events of one node handled (and stored, in one transaction per 100) together.
+EVENT_BATCH = 500
 #: A step that should have begun this share of the plan's makespan ago, while a GPU it needs idles,
 #: makes the planner replan.
 REPLAN_LATE = 0.05
@@ -162,7 +166,7 @@ class Dispatcher:
         # more than that from run to run, so such plans differ only in resizes and completions
         self.policy_options = {"makespan_tolerance": MAKESPAN_TOLERANCE, **(policy_options or {})}
         self.learn_profiles = learn_profiles  # plan with the epoch times observed, not only the profiled ones
-        self.nodes: dict[str, object] = {}  # node_id -> registry Node
+        self.nodes = {}
         self.gpu_total = 0
         self._channels: dict[str, object] = {}
         self._followers: dict[str, asyncio.Task] = {}
@@ -341,7 +345,7 @@ class Dispatcher:
 
     def _node_up(self, node) -> None:
         known = self.nodes.get(node.node_id)
-        self.nodes[node.node_id] = node
+        self.nodes[node.node_id], self._gpus = node, None
         self.gpu_total = max(self.gpu_total, sum(len(n.gpus) for n in self.nodes.values()))
         if known is None or known.address != node.address or node.node_id not in self._followers:
             old = self._followers.pop(node.node_id, None)
@@ -354,6 +358,7 @@ class Dispatcher:
     async def _node_lost(self, node_id: str) -> None:
         if self.nodes.pop(node_id, None) is None:
             return
+        self._gpus = None
         t = self._followers.pop(node_id, None)
         if t:
             t.cancel()
@@ -394,15 +399,13 @@ class Dispatcher:
                 if jobs.last_seq < seq:  # the executor restarted: its log begins again
                     gen, seq = gen + 1, 0
                     await self.state.set_cursor(node_id, gen, 0)
-                async for reply in stub.WatchEvents(executor_pb2.WatchEventsRequest(after_seq=seq)):
+                call = stub.WatchEvents(executor_pb2.WatchEventsRequest(after_seq=seq))
+                async for batch in _batches(call, convert.event):
                     backoff = 0.2
-                    e = convert.event(reply.event)
-                    if e is None:
-                        continue
-                    # acted on before it is stored with the cursor: an event whose handling failed (etcd
-                    # away) comes again when the stream reopens (handling one twice changes nothing)
-                    await self._on_event(e)
-                    await self.state.add_event(gen, e)
+                    # acted on before they are stored with the cursor: events whose handling failed (etcd
+                    # away) come again when the stream reopens (handling one twice changes nothing)
+                    await self._on_events(batch)
+                    await self.state.add_events(gen, batch)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -412,7 +415,54 @@ class Dispatcher:
 
     # executor events --------------------------------------------------------------
 
+    async def _on_events(self, events: Sequence[Event]) -> None:
+        """A node's events in order, each job's run of epoch_done events in one record write (a stream
+        that fell behind catches up in fewer writes)."""
+        epochs: dict[str, list[Event]] = {}
+        for e in events:
+            if e.kind == "epoch_done":
+                epochs.setdefault(e.job_id, []).append(e)
+                continue
+            if e.job_id in epochs:
+                await self._on_epochs(epochs.pop(e.job_id))
+            await self._on_event(e)
+        for run in epochs.values():
+            await self._on_epochs(run)
+
+    async def _on_epochs(self, events: Sequence[Event]) -> None:
+        """epoch_done events of one job, in order."""
+        r = self.records.get(events[0].job_id)
+        if r is None:
+            return
+        attempt = r.attempt_id
+        for e in events:
+            if e.attempt_id == attempt and r.sent_s and attempt not in self._measured:
+                self._measured.add(attempt)  # the first epoch of this attempt
+                self.overheads.append(max(0.0, (e.time_s - r.sent_s) * self.time_scale - e.epoch_seconds))
+
+        def change(c: JobRecord) -> JobRecord:
+            for e in events:
+                c = replace(c, epochs_done=max(c.epochs_done, e.epoch),
+                            accuracy=e.accuracy if e.epoch >= c.epochs_done else c.accuracy,
+                            observed=observe(c.observed, e.world_size, e.epoch_seconds)
+                            if e.world_size and e.epoch_seconds > 0 else c.observed,
+                            progress_s=e.time_s if e.attempt_id == attempt else c.progress_s)
+            return c
+
+        r = await self._update(r.job_id, change)
+        if r is None:
+            return
+        if self._due(r):
+            self._follow_soon()
+        for size in dict.fromkeys(e.world_size for e in events):
+            if self._departs(r, size):
+                log.info("replan_on_deviation", job_id=r.job_id, world_size=size,
+                         observed_s=round(r.observed[size][0], 3), planned_s=self._tau[r.job_id][size])
+                self.poke()
+
     async def _on_event(self, e: Event) -> None:
+        if e.kind == "epoch_done":
+            return await self._on_epochs([e])
         r = self.records.get(e.job_id)
         if r is None:
             return
@@ -423,20 +473,6 @@ class Dispatcher:
                                                            progress_s=e.time_s)
                                if c.attempt_id == e.attempt_id and not c.terminal else None)
             self._follow_soon()
-        elif e.kind == "epoch_done":
-            if current and r.sent_s and r.attempt_id not in self._measured:  # first epoch of this attempt
-                self._measured.add(r.attempt_id)
-                self.overheads.append(max(0.0, (e.time_s - r.sent_s) * self.time_scale - e.epoch_seconds))
-            r = await self._update(r.job_id, lambda c: replace(
-                c, epochs_done=max(c.epochs_done, e.epoch), accuracy=e.accuracy if e.epoch >= c.epochs_done else c.accuracy,
-                observed=observe(c.observed, e.world_size, e.epoch_seconds) if e.world_size and e.epoch_seconds > 0
-                else c.observed, progress_s=e.time_s if current else c.progress_s))
-            if r is not None and self._due(r):
-                self._follow_soon()
-            if r is not None and self._departs(r, e.world_size):
-                log.info("replan_on_deviation", job_id=r.job_id, world_size=e.world_size,
-                         observed_s=round(r.observed[e.world_size][0], 3), planned_s=self._tau[r.job_id][e.world_size])
-                self.poke()
         elif e.kind == "finished":
             await self._update(r.job_id, lambda c: None if c.terminal else replace(
                 c, state=st.FINISHED, epochs_done=c.epochs, finished_s=e.time_s, message=""))
@@ -511,8 +547,20 @@ class Dispatcher:
         """Measured mean start overhead (the prior until something was measured)."""
         return sum(self.overheads) / len(self.overheads) if self.overheads else self.prior_overhead_s
 
+    @property
+    def nodes(self) -> dict[str, object]:
+        """node_id -> registry Node of every live node."""
+        return self._nodes
+
+    @nodes.setter
+    def nodes(self, nodes: dict[str, object]) -> None:
+        self._nodes, self._gpus = nodes, None
+
     def live_gpus(self) -> list[Gpu]:
-        return sorted((n.node_id, g.index) for n in self.nodes.values() for g in n.gpus)
+        """Every live node's GPUs, sorted (kept until the nodes change: a pass over the plan asks each time)."""
+        if self._gpus is None:
+            self._gpus = sorted((n.node_id, g.index) for n in self._nodes.values() for g in n.gpus)
+        return self._gpus
 
     def _adopt(self, steps: list[Step]) -> None:
         self.steps, self._steps_of = steps, {}
@@ -906,6 +954,43 @@ class Dispatcher:
         """<root>/<batch>/<job>: the batch is its origin in ms, so a later batch never resumes an old checkpoint."""
         origin = await self.state.origin()
         return f"{self.checkpoint_root}/batch-{int((origin or 0) * 1000)}/{job_id}"
+
+
+async def _batches(call, convert_event):
+    """The events of an executor's WatchEvents stream in batches: each batch all that arrived while the
+    last one was handled (one event when the planner keeps up; at most EVENT_BATCH). The stream's error
+    comes after the events read before it."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            async for reply in call:
+                e = convert_event(reply.event)
+                if e is not None:
+                    queue.put_nowait(e)
+        except Exception as exc:  # (the reader's end is the batches' end: None or the error, queued last)
+            queue.put_nowait(exc)
+        else:
+            queue.put_nowait(None)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while True:
+            batch = [await queue.get()]
+            while not queue.empty() and len(batch) < EVENT_BATCH:
+                batch.append(queue.get_nowait())
+            end = batch[-1]
+            if end is not None and not isinstance(end, Exception):
+                yield batch
+                continue
+            if batch[:-1]:
+                yield batch[:-1]
+            if end is None:
+                return
+            raise end
+    finally:
+        reader.cancel()
+        call.cancel()
 
 
 def plan_problem(name: str, incumbent, problem):

@@ -38,6 +38,8 @@ JOBS, PLAN, FIRST_PLAN, ORIGIN, EVENTS, CURSORS, LEADER = (
 PENDING, PROFILING, WAITING, STARTING, RUNNING, RESIZING, FINISHED, FAILED, CANCELLED = (
     "PENDING", "PROFILING", "WAITING", "STARTING", "RUNNING", "RESIZING", "FINISHED", "FAILED", "CANCELLED")
 TERMINAL = frozenset({FINISHED, FAILED, CANCELLED})
+#: Events stored per transaction (etcd allows 128 operations in one; the cursor is one more).
+EVENTS_PER_TXN = 100
 
 Gpu = tuple[str, int]
 
@@ -227,11 +229,15 @@ class PlannerState:
         d = json.loads(kv.value)
         return d["gen"], d["seq"]
 
-    async def add_event(self, gen: int, event: Event) -> None:
-        """Store one event and move the node's cursor past it."""
-        key = f"{EVENTS}{event.node_id}/{gen:06d}/{event.seq:012d}"
-        await self.store.commit({key: (json.dumps(asdict(event)).encode(), 0),
-                                 CURSORS + event.node_id: (json.dumps({"gen": gen, "seq": event.seq}).encode(), 0)})
+    async def add_events(self, gen: int, events: Sequence[Event]) -> None:
+        """Store one node's events (in order) and move its cursor past the last, a transaction per
+        EVENTS_PER_TXN events."""
+        for i in range(0, len(events), EVENTS_PER_TXN):
+            chunk = events[i:i + EVENTS_PER_TXN]
+            puts = {f"{EVENTS}{e.node_id}/{gen:06d}/{e.seq:012d}": (json.dumps(asdict(e)).encode(), 0) for e in chunk}
+            last = chunk[-1]
+            puts[CURSORS + last.node_id] = (json.dumps({"gen": gen, "seq": last.seq}).encode(), 0)
+            await self.store.commit(puts)
 
     async def set_cursor(self, node_id: str, gen: int, seq: int) -> None:
         await self.store.put(CURSORS + node_id, json.dumps({"gen": gen, "seq": seq}).encode())

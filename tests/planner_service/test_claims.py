@@ -141,3 +141,58 @@ async def test_a_job_whose_attempt_released_every_gpu_is_not_moved_before_its_ou
     await d._follow()
     assert d.records["a"].attempt == 2  # not moved onto n1
     assert d.records["b"].state == st.STARTING and set(d.records["b"].target) == set(N0)
+
+
+async def test_a_batch_of_a_nodes_events_writes_each_jobs_epochs_once_and_stores_every_event(etcd_store):
+    """A stream that fell behind catches up in fewer writes: a job's run of epoch_done events is one record
+    write, the events around it keep their order, and every event is stored with the cursor past the last."""
+    d = await running(etcd_store, attempt=1, epochs_done=0)
+    d._tau["a"] = {4: 2.0}
+    epoch = [Event("n0", "a", "epoch_done", 1.0 + i, seq=i + i // 3, attempt_id="a-a1", epoch=i,
+                   world_size=4, epoch_seconds=2.0, accuracy=0.1 * i) for i in (1, 2, 3)]
+    released = Event("n0", "a", "gpus_released", 3.5, seq=3, attempt_id="a-a0", gpus=(("n0", 0),), epoch=2)
+    cas, writes = d.state.store.cas, []
+
+    async def counted(key, *args, **kw):
+        writes.append(key)
+        return await cas(key, *args, **kw)
+
+    d.state.store.cas = counted
+    batch = [epoch[0], epoch[1], released, epoch[2]]
+    await d._on_events(batch)
+    await d.state.add_events(0, batch)
+    assert len(writes) == 2  # epochs 1-2, then (after the release) epoch 3
+    r = await d.state.job("a")
+    assert (r.epochs_done, r.accuracy, r.observed[4][1]) == (3, pytest.approx(0.3), 3)
+    assert [(e.seq, e.kind) for e in await d.state.events()] == [(e.seq, e.kind) for e in batch]
+    assert await d.state.cursor("n0") == (0, 4)
+
+
+async def test_event_batches_take_what_arrived_and_end_with_the_streams_error():
+    from services.planner.dispatcher import _batches
+
+    class Call:
+        def __init__(self, replies, error=None):
+            self.replies, self.error, self.cancelled = replies, error, False
+
+        async def __aiter__(self):
+            for r in self.replies:
+                yield r
+            if self.error:
+                raise self.error
+
+        def cancel(self):
+            self.cancelled = True
+
+    class Reply:
+        def __init__(self, event):
+            self.event = event
+
+    call = Call([Reply(i) for i in range(5)])
+    assert [b async for b in _batches(call, lambda e: None if e == 2 else e)] == [[0, 1, 3, 4]]
+    assert call.cancelled
+    got, broken = [], Call([Reply(7)], ConnectionError("stream broken"))
+    with pytest.raises(ConnectionError, match="stream broken"):
+        async for b in _batches(broken, lambda e: e):
+            got.append(b)
+    assert got == [[7]]
