@@ -110,3 +110,23 @@ async def test_an_executor_killed_alone_takes_its_workers_with_it(etcd, registry
     assert done["j"].state == "FINISHED", done["j"]
     # the killed attempt sent nothing after its executor died: every epoch is reported once
     audit(events, jobs)
+
+
+async def test_jobs_finish_through_an_etcd_restart_and_nothing_trains_twice(etcd, registry, start_service, tmp_path):
+    # etcd away for longer than the nodes' lease: their heartbeats fail, the planner's writes and event
+    # stores fail; once it is back, events are replayed from the executors' logs and the jobs finish
+    ttl = 3
+    await start_nodes(start_service, registry, tmp_path, n=2, slots=1, ttl=ttl)
+    jobs = [replace(record(f"j{i}", 4, i, samples=300), max_gpus=1) for i in range(2)]
+    async with planner(etcd.endpoint, registry.address, checkpoint_root=str(tmp_path / "ckpt")) as (_, d, _stub):
+        await ready(d, 2)
+        d.policy_in_force = "parallel"  # one job per node
+        await d.submit(jobs)
+        await wait_epochs(d, "j0", 2)
+        await asyncio.to_thread(etcd.stop)
+        await asyncio.sleep(ttl + 2)
+        await asyncio.to_thread(etcd.start)  # same ports, same data
+        done = await run_until_done(d, ["j0", "j1"], timeout_s=240)
+        events = await d.state.events()
+    assert {j: r.state for j, r in done.items()} == {"j0": "FINISHED", "j1": "FINISHED"}, done
+    audit(events, jobs)
