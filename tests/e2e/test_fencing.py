@@ -130,3 +130,24 @@ async def test_jobs_finish_through_an_etcd_restart_and_nothing_trains_twice(etcd
         events = await d.state.events()
     assert {j: r.state for j, r in done.items()} == {"j0": "FINISHED", "j1": "FINISHED"}, done
     audit(events, jobs)
+
+
+async def test_a_node_deregistered_mid_run_stops_its_work_and_nothing_trains_twice(
+        etcd, registry, start_service, tmp_path):
+    from omru.v1 import registry_pb2, registry_pb2_grpc
+    from services.common.channels import open_channel
+
+    await start_nodes(start_service, registry, tmp_path, n=2, slots=1, ttl=3)
+    jobs = [replace(record("j", 6, 0, samples=300), max_gpus=1)]
+    async with planner(etcd.endpoint, registry.address, checkpoint_root=str(tmp_path / "ckpt")) as (_, d, _stub):
+        await ready(d, 2)
+        await d.submit(jobs)
+        victim = await wait_epochs(d, "j", 2)
+        async with open_channel(registry.address) as channel:  # its lease revoked: its allocations go with it
+            await registry_pb2_grpc.RegistryServiceStub(channel).DeregisterNode(
+                registry_pb2.DeregisterNodeRequest(node_id=victim.gpus[0][0]), timeout=10)
+        done = await run_until_done(d, ["j"], timeout_s=240)
+        events = await d.state.events()
+    assert done["j"].state == "FINISHED", done["j"]
+    audit(events, jobs)
+    assert len({e.attempt_id for e in events if e.job_id == "j" and e.kind == "started"}) >= 2  # it was stopped
