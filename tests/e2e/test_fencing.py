@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from services.common.etcd import EtcdUnavailable
 from services.planner import report
 from tests.e2e.test_batch import record, run_until_done, start_nodes
 from tests.e2e.test_faults import wait_epochs
@@ -126,6 +127,12 @@ async def test_jobs_finish_through_an_etcd_restart_and_nothing_trains_twice(etcd
         await asyncio.to_thread(etcd.stop)
         await asyncio.sleep(ttl + 2)
         await asyncio.to_thread(etcd.start)  # same ports, same data
+        for _ in range(100):  # (the test's own reads: etcd's first answers after a start may time out)
+            try:
+                await d.state.jobs()
+                break
+            except EtcdUnavailable:
+                await asyncio.sleep(0.2)
         done = await run_until_done(d, ["j0", "j1"], timeout_s=240)
         events = await d.state.events()
     assert {j: r.state for j, r in done.items()} == {"j0": "FINISHED", "j1": "FINISHED"}, done
