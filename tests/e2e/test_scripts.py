@@ -71,7 +71,7 @@ async def test_a_failing_script_says_why_and_two_scripts_finish_the_elastic_one_
         # the planner believes in strong scaling for "elastic" (growing pays), "plain" ends first
         jobs = [script("plain", ["python", "examples/train_ddp.py", "--epochs", "2", "--samples", "256"], 2,
                        {1: 4.0, 2: 4.0}),
-                script("elastic", ["python", "examples/train_script.py", "--samples", "8192"], 6,
+                script("elastic", ["python", "examples/train_script.py", "--samples", "16384"], 6,
                        {1: 40.0, 2: 20.0})]
         await d.submit(jobs)
         done = await run_until_done(d, ["plain", "elastic"], timeout_s=240)
