@@ -429,9 +429,18 @@ class Dispatcher:
         for run in epochs.values():
             await self._on_epochs(run)
 
+    async def _record_for(self, e: Event) -> JobRecord | None:
+        """The job's record as `e` must be judged against: the one in memory, or the stored one when `e`
+        comes from a newer attempt (its executor answered the planner's write before the write's reply
+        came back: a refusal takes milliseconds)."""
+        r = self.records.get(e.job_id)
+        if r is not None and _attempt_number(e.attempt_id, e.job_id) > r.attempt:
+            r = self._stored(await self.state.job(e.job_id)) or r
+        return r
+
     async def _on_epochs(self, events: Sequence[Event]) -> None:
         """epoch_done events of one job, in order."""
-        r = self.records.get(events[0].job_id)
+        r = await self._record_for(events[-1])
         if r is None:
             return
         attempt = r.attempt_id
@@ -463,7 +472,7 @@ class Dispatcher:
     async def _on_event(self, e: Event) -> None:
         if e.kind == "epoch_done":
             return await self._on_epochs([e])
-        r = self.records.get(e.job_id)
+        r = await self._record_for(e)
         if r is None:
             return
         current = e.attempt_id == r.attempt_id
@@ -954,6 +963,12 @@ class Dispatcher:
         """<root>/<batch>/<job>: the batch is its origin in ms, so a later batch never resumes an old checkpoint."""
         origin = await self.state.origin()
         return f"{self.checkpoint_root}/batch-{int((origin or 0) * 1000)}/{job_id}"
+
+
+def _attempt_number(attempt_id: str, job_id: str) -> int:
+    """n of the attempt id "<job_id>-a<n>" (0 for another form: the empty id of a release)."""
+    suffix = attempt_id[len(job_id) + 2:] if attempt_id.startswith(f"{job_id}-a") else ""
+    return int(suffix) if suffix.isdigit() else 0
 
 
 async def _batches(call, convert_event):

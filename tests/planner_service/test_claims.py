@@ -53,6 +53,17 @@ async def test_a_node_that_ends_its_part_of_a_finishing_job_first_gives_its_gpus
     assert await allocations(etcd_store) == []
 
 
+async def test_an_event_of_an_attempt_the_planner_wrote_but_has_not_seen_stored_is_judged_by_the_stored_record(
+        etcd_store):
+    """An executor can refuse an allocation before the planner's write of it has returned (milliseconds):
+    the refusal names an attempt newer than the record in memory, and must not be dropped as stale."""
+    d = await running(etcd_store, attempt=3, epochs_done=0)
+    d.records["a"] = replace(d.records["a"], attempt=2, state=st.WAITING, gpus=(), target=())  # the write's reply lags
+    await d._on_event(Event("n0", "a", "failed", 1.0, attempt_id="a-a3", epoch=0, message="out of memory"))
+    assert d.records["a"].state == st.FAILED and "out of memory" in d.records["a"].message
+    assert await allocations(etcd_store) == []
+
+
 async def test_an_older_attempts_release_leaves_the_gpus_the_job_moved_onto(etcd_store):
     d = await running(etcd_store, attempt=2, epochs_done=2)  # it ran on n0 (attempt 1), now on n0 and n1
     await d._on_event(Event("n0", "a", "gpus_released", 1.0, attempt_id="a-a1", gpus=tuple(N0), epoch=2))
