@@ -13,7 +13,7 @@ Keys (under the store's prefix, JSON values):
                                        writes all require it (EtcdStore.fenced)
 
 and, in the registry's layout (services/registry/convert.py), the desired state
-it alone writes: claims/<node>/<index> (GPU ownership) and allocs/<node>/<job>
+it alone writes: cluster/claims/<node>/<index> (GPU ownership) and allocs/<node>/<job>
 (the attempt each node must run), both bound to the node's lease.
 
 Job records are written with compare-and-swap on their mod revision, so two

@@ -2,10 +2,13 @@
 etcd watch batches -> WatchClusterResponse.
 
 Layout under the OMRU prefix (values are the serialized messages):
-  nodes/<node_id>                 Node      bound to the node's lease
-  claims/<node_id>/<index:05d>    GpuClaim  bound to the node's lease
-  allocs/<node_id>/<job_id>       Directive the job's attempt the node must run (the planner's desired
-                                            state), bound to the node's lease
+  cluster/nodes/<node_id>               Node      bound to the node's lease
+  cluster/claims/<node_id>/<index:05d>  GpuClaim  bound to the node's lease
+  allocs/<node_id>/<job_id>             Directive the job's attempt the node must run (the planner's
+                                                  desired state), bound to the node's lease
+
+WatchCluster watches `cluster/` alone: the planner's own writes (job records,
+events) and the allocations never reach it.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from __future__ import annotations
 from omru.v1 import common_pb2, executor_pb2, registry_pb2
 from services.common.etcd import Kv, Resync, WatchBatch, WatchEvent
 
-NODES = "nodes/"
-CLAIMS = "claims/"
+CLUSTER = "cluster/"
+NODES = CLUSTER + "nodes/"
+CLAIMS = CLUSTER + "claims/"
 ALLOCS = "allocs/"
 Kind = registry_pb2.ClusterEventKind
 

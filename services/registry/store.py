@@ -146,7 +146,7 @@ class RegistryStore:
 
     async def watch(self, after_revision: int) -> AsyncIterator[registry_pb2.WatchClusterResponse]:
         """Every registry change after after_revision (0 = from now), one response per revision."""
-        async for item in self.etcd.watch("", after_revision):
+        async for item in self.etcd.watch(convert.CLUSTER, after_revision):
             response = convert.watch_response(item)
             if response is not None:
                 yield response
