@@ -140,6 +140,7 @@ class EtcdStore:
         else:
             self._client = _TlsClient(channel_credentials(tls), **options)
         self._fence: tuple[bytes, int] | None = None  # (key, its create revision) every write requires
+        self._keepalives: _KeepAlives | None = None
 
     def fenced(self, key: str, create_revision: int) -> "EtcdStore":
         """This store (same connection), writing only while `key` is the one created at create_revision."""
@@ -161,6 +162,8 @@ class EtcdStore:
 
     async def close(self) -> None:
         """Close the channel and every watch."""
+        if self._keepalives is not None:
+            self._keepalives.close()
         with contextlib.suppress(Exception):
             await self._client.close()
 
@@ -306,10 +309,15 @@ class EtcdStore:
         return lease.id
 
     async def refresh_lease(self, lease_id: int) -> int:
-        """Keep the lease alive; returns its remaining TTL, 0 when the lease is gone."""
+        """Keep the lease alive; returns its remaining TTL, 0 when the lease is gone.
+
+        Every refresh goes over one LeaseKeepAlive stream (`_KeepAlives`), as etcd's own client keeps
+        one for all its leases: a registry keeping hundreds of nodes alive opens no stream per refresh."""
         with self._errors(f"refresh lease {lease_id}"):
-            reply = await self._client.refresh_lease(lease_id)
-        return max(0, int(reply.TTL)) if reply is not None else 0
+            await self._client.connect()
+            if self._keepalives is None:
+                self._keepalives = _KeepAlives(self._client)
+            return max(0, await self._keepalives.refresh(lease_id, self.timeout))
 
     async def revoke_lease(self, lease_id: int) -> bool:
         """Revoke the lease (its keys vanish); False when it was already gone."""
@@ -412,6 +420,60 @@ class EtcdStore:
         if code == grpc.StatusCode.NOT_FOUND and "lease" in (details or ""):
             return LeaseNotFound(details)
         return EtcdUnavailable(f"etcd at {self.endpoint} unavailable ({what}): {code.name} {details}")
+
+
+class _KeepAlives:
+    """One LeaseKeepAlive stream for every lease a store refreshes: a refresh sends the lease's id and
+    waits for etcd's answer for that id (any answer for it: refreshes of one lease in flight together
+    share one). The stream opens at the first refresh and again after it broke or a refresh timed out."""
+
+    def __init__(self, client: aetcd.Client) -> None:
+        self._client = client
+        self._requests: asyncio.Queue = asyncio.Queue()
+        self._waiters: dict[int, list[asyncio.Future]] = {}
+        self._reader: asyncio.Task | None = None
+
+    async def refresh(self, lease_id: int, timeout: float) -> int:
+        """The lease's TTL after the refresh (0: etcd does not know the lease)."""
+        if self._reader is None or self._reader.done():  # (each stream has its own queue and waiters)
+            self._requests, self._waiters = asyncio.Queue(), {}
+            self._reader = asyncio.get_running_loop().create_task(self._read(self._requests, self._waiters))
+        waiters = self._waiters
+        answer = asyncio.get_running_loop().create_future()
+        waiters.setdefault(lease_id, []).append(answer)
+        self._requests.put_nowait(rpc.LeaseKeepAliveRequest(ID=lease_id))
+        try:
+            return await asyncio.wait_for(answer, timeout)
+        except asyncio.TimeoutError:
+            self.close()  # a stream that stopped answering is not used again
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                waiters.get(lease_id, []).remove(answer)
+
+    async def _read(self, requests: asyncio.Queue, waiters: dict[int, list[asyncio.Future]]) -> None:
+        async def sent():
+            while True:
+                yield await requests.get()
+
+        error: BaseException = aetcd_errors.ClientError("lease keep-alive stream closed")
+        try:
+            async for reply in self._client.leasestub.LeaseKeepAlive(sent(), metadata=self._client.metadata):
+                for answer in waiters.pop(reply.ID, []):
+                    if not answer.done():
+                        answer.set_result(int(reply.TTL))
+        except Exception as exc:  # handed to every refresh that waits
+            error = exc
+        finally:
+            for answer in (a for group in waiters.values() for a in group):
+                if not answer.done():
+                    answer.set_exception(error)
+            waiters.clear()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
 
 
 def _brief(exc: BaseException) -> str:

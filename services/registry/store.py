@@ -30,6 +30,7 @@ class RegistryStore:
     def __init__(self, etcd: EtcdStore, clock=time.time) -> None:
         self.etcd = etcd
         self._clock = clock
+        self._leases: dict[str, int] = {}  # node -> the lease a keep-alive found to be its own
 
     # --- nodes -------------------------------------------------------------
 
@@ -48,11 +49,16 @@ class RegistryStore:
 
     async def keep_alive(self, node_id: str, lease_id: int) -> int:
         """Refresh the node's lease; returns the TTL. not_found when the node or lease is gone."""
-        node = await self.get_node(node_id)
-        if node.lease_id != lease_id:
-            raise RegistryError("not_found", f"lease_id {lease_id} is not the lease of node_id {node_id!r} (register again)")
+        if self._leases.get(node_id) != lease_id:
+            # read once per lease: a node registering again revokes its old lease, so a lease that was
+            # the node's and is still alive is still the node's
+            node = await self.get_node(node_id)
+            if node.lease_id != lease_id:
+                raise RegistryError("not_found", f"lease_id {lease_id} is not the lease of node_id {node_id!r} (register again)")
+            self._leases[node_id] = lease_id
         ttl = await self.etcd.refresh_lease(lease_id)
         if ttl <= 0:
+            self._leases.pop(node_id, None)
             raise RegistryError("not_found", f"lease_id {lease_id} of node_id {node_id!r} expired (register again)")
         return ttl
 

@@ -23,7 +23,9 @@ async def _until_serving(call_factory, timeout: float = 15.0):
 
 
 async def test_registry_answers_unavailable_while_etcd_is_down_and_serves_again_after_restart(etcd, registry_stub):
-    await registry_stub.RegisterNode(register_request("node-o", ttl=60))
+    node = await registry_stub.RegisterNode(register_request("node-o", ttl=60))
+    assert (await registry_stub.KeepAliveNode(registry_pb2.KeepAliveNodeRequest(
+        node_id="node-o", lease_id=node.lease_id), timeout=10)).ttl_seconds > 0
     await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="kept", gpus=[gpu("node-o", 0)]))
     listed = await registry_stub.ListClaims(registry_pb2.ListClaimsRequest())
     watch = Collector(registry_stub.WatchCluster(registry_pb2.WatchClusterRequest(after_revision=listed.revision)))
@@ -38,7 +40,15 @@ async def test_registry_answers_unavailable_while_etcd_is_down_and_serves_again_
         assert error.code() == grpc.StatusCode.UNAVAILABLE
         assert etcd.endpoint in error.details()
 
+    keepalive = await rpc_error(registry_stub.KeepAliveNode(registry_pb2.KeepAliveNodeRequest(
+        node_id="node-o", lease_id=node.lease_id), timeout=10))
+    assert keepalive.code() == grpc.StatusCode.UNAVAILABLE
+
     await asyncio.to_thread(etcd.start)  # same ports, same data
+    # the lease keep-alive stream that broke is opened again
+    renewed = await _until_serving(lambda: registry_stub.KeepAliveNode(registry_pb2.KeepAliveNodeRequest(
+        node_id="node-o", lease_id=node.lease_id), timeout=10))
+    assert renewed.ttl_seconds > 0
     claims = await _until_serving(lambda: registry_stub.ListClaims(registry_pb2.ListClaimsRequest()))
     assert [c.job_id for c in claims.claims] == ["kept"]
     assert (await registry_stub.GetNode(registry_pb2.GetNodeRequest(node_id="node-o"))).node.node_id == "node-o"

@@ -1,4 +1,5 @@
-"""EtcdStore beyond single keys: lists of any size, leader election, writes fenced by a leader's key."""
+"""EtcdStore beyond single keys: lists of any size, leader election, writes fenced by a leader's key, leases
+kept alive over one stream."""
 
 from __future__ import annotations
 
@@ -55,3 +56,16 @@ async def test_a_leader_whose_lease_lapses_knows_it_and_a_standby_takes_over(etc
     await asyncio.wait_for(second.campaign(), 5)
     assert asyncio.get_running_loop().time() - began < 1 + 2 and await second.leader() == "b"
     await second.resign()
+
+
+async def test_leases_are_kept_alive_over_one_stream_and_a_lost_lease_answers_zero(etcd_store):
+    leases = [await etcd_store.grant_lease(2) for _ in range(20)]
+    for _ in range(3):  # past the TTL: every refresh answered, each for its own lease
+        ttls = await asyncio.gather(*(etcd_store.refresh_lease(lease) for lease in leases * 2))
+        assert all(ttl > 0 for ttl in ttls), ttls
+        await asyncio.sleep(1.0)
+    assert await etcd_store.revoke_lease(leases[0])
+    assert await etcd_store.refresh_lease(leases[0]) == 0 and await etcd_store.refresh_lease(leases[1]) > 0
+    stream = etcd_store._keepalives._reader
+    assert stream is not None and not stream.done()  # one stream served them all
+    assert etcd_store._keepalives._waiters == {}

@@ -58,6 +58,10 @@ async def test_keepalive_with_an_expired_lease_is_not_found_so_the_node_register
 
 async def test_registering_again_replaces_the_old_lease_and_its_claims(registry_stub):
     first = await registry_stub.RegisterNode(register_request("node-r"))
+    await registry_stub.KeepAliveNode(registry_pb2.KeepAliveNodeRequest(node_id="node-r", lease_id=first.lease_id))
+    other = await registry_stub.RegisterNode(register_request("node-s"))
+    error = await rpc_error(registry_stub.KeepAliveNode(registry_pb2.KeepAliveNodeRequest(node_id="node-r", lease_id=other.lease_id)))
+    assert error.code() == grpc.StatusCode.NOT_FOUND and "is not the lease of node_id 'node-r'" in error.details()
     await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="j1", gpus=[{"node_id": "node-r", "index": 0}]))
     second = await registry_stub.RegisterNode(register_request("node-r"))
     assert second.lease_id != first.lease_id
