@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/emulate.py [--seed S] [--sizes 50,200,1000] [--no-online]
                                       [--policy omru] [--noise CV] [--speed-scale X] [--json-dir DIR]
+                                      [--keep DIR]
 
 Runs `omru emulate` (services/emulator: real etcd, registry, planner and
 executors; emulated workers) on Pollux x Philly batches of 50 jobs on 16
@@ -17,8 +18,8 @@ replans at each arrival), the emulated actual makespan, LB_fluid (job
 seconds), actual/offline, actual/LB, epochs run twice, GPU-seconds with two
 owners, the planner's plans (count, p50 and max wall seconds), the reuse gap
 (wall seconds from a GPU's release to its next holder starting, p50 and
-p99), etcd requests and executor events per wall second, planner and
-emulator CPU seconds, and the wall time. Figures only: nothing passes or fails.
+p99), etcd requests and executor events per wall second, CPU seconds of
+the planner, registry, etcd and emulator, and the wall time. Figures only: nothing passes or fails.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ ONLINE = (50, 16, 20.0)
 def header() -> None:
     print(f"{'workload':<22} {'offline':>8} {'actual':>8} {'LB':>8} {'act/off':>7} {'act/LB':>7} {'twice':>5} "
           f"{'2owner':>6} {'plans':>5} {'plan50':>6} {'planmx':>6} {'gap50':>6} {'gap99':>6} {'etcd/s':>6} "
-          f"{'ev/s':>6} {'plnCPU':>6} {'emuCPU':>6} {'wall':>6}")
+          f"{'ev/s':>6} {'plnCPU':>6} {'regCPU':>6} {'etcCPU':>6} {'emuCPU':>6} {'wall':>6}")
 
 
 def row(name: str, r: dict, note: str = "") -> None:
@@ -61,7 +62,7 @@ def row(name: str, r: dict, note: str = "") -> None:
           f"{r['epochs_run_twice']:>5} {r['double_owned']:>6.1f} {c['reconciles']:>5} {c['plan_s_p50']:>6.2f} "
           f"{c['plan_s_max']:>6.2f} {c['reuse_gap_s_p50']:>6.2f} {c['reuse_gap_s_p99']:>6.2f} "
           f"{c['etcd_requests_per_s']:>6.0f} {c['executor_events_per_s']:>6.1f} {c['planner_cpu_s']:>6.0f} "
-          f"{c['emulator_cpu_s']:>6.0f} {r['wall_s']:>6.0f}" + (f"  {note}" if note else "")
+          f"{c['registry_cpu_s']:>6.0f} {c['etcd_cpu_s']:>6.0f} {c['emulator_cpu_s']:>6.0f} {r['wall_s']:>6.0f}" + (f"  {note}" if note else "")
           + (f"  {r['refusals']} directives refused (requeued)" if r["refusals"] else "")
           + ("" if r["all_finished"] else "  NOT ALL FINISHED"), flush=True)
     for job_id, why in sorted(r["failures"].items()):
@@ -75,7 +76,7 @@ def run(name: str, jobs, nodes: int, speed: float, args, folder: Path) -> dict:
     config = EmulationConfig(profiles=str(csv), nodes=nodes, gpus_per_node=workloads.GPUS_PER_NODE,
                              policy=args.policy, speed=speed, noise=args.noise, resize_cost_s=RESIZE_COST_S,
                              seed=args.seed)
-    result = emulate(config, jobs)
+    result = emulate(config, jobs, work_dir=str(Path(args.keep) / file) if args.keep else None)
     if args.json_dir:
         Path(args.json_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.json_dir) / f"{file}.json").write_text(json.dumps(result, indent=1))
@@ -91,6 +92,7 @@ def main() -> int:
     ap.add_argument("--noise", type=float, default=0.0, help="coefficient of variation of epoch times")
     ap.add_argument("--speed-scale", type=float, default=1.0, help="multiply every row's speed")
     ap.add_argument("--json-dir", help="write each row's full report there")
+    ap.add_argument("--keep", metavar="DIR", help="keep each row's logs, etcd data and checkpoints under DIR")
     args = ap.parse_args()
     gone = workloads.missing()
     if gone:

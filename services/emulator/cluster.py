@@ -158,10 +158,14 @@ class EmulatedCluster:
         return nodes
 
     def cpu_seconds(self) -> dict[str, float]:
-        planner = self.control.service("planner").proc
-        nodes = sum(cpu_seconds(s.proc.pid) for s in self.node_processes if s.proc is not None)
+        def of(process) -> float:
+            return cpu_seconds(process.pid) if process is not None else 0.0
+
+        nodes = sum(of(s.proc) for s in self.node_processes)
         me = resource.getrusage(resource.RUSAGE_SELF)
-        return {"planner_cpu_s": cpu_seconds(planner.pid) if planner else 0.0,
+        return {"planner_cpu_s": of(self.control.service("planner").proc),
+                "registry_cpu_s": of(self.control.service("registry").proc),
+                "etcd_cpu_s": of(self.control.etcd.proc if self.control.etcd else None),
                 "emulator_cpu_s": nodes + me.ru_utime + me.ru_stime}
 
     def planner_plan_seconds(self) -> list[float]:

@@ -141,5 +141,5 @@ def format_report(r: dict) -> str:
         f"max {c['plan_s_max']:.2f} s)  reuse gap p50 {c['reuse_gap_s_p50']:.2f} s p99 {c['reuse_gap_s_p99']:.2f} s "
         f"over {c['hand_overs']} hand-overs (wall)",
         f"load          etcd {c['etcd_requests_per_s']:.0f} req/s  executor events {c['executor_events_per_s']:.1f}/s  "
-        f"planner CPU {c['planner_cpu_s']:.0f} s  emulator CPU {c['emulator_cpu_s']:.0f} s",
+        f"CPU: planner {c['planner_cpu_s']:.0f} s, registry {c['registry_cpu_s']:.0f} s, etcd {c['etcd_cpu_s']:.0f} s, emulator {c['emulator_cpu_s']:.0f} s",
     ])
