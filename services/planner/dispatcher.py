@@ -186,6 +186,7 @@ class Dispatcher:
         self._deviated: set[str] = set()  # jobs that made the planner replan since the last plan
         self._table_cache: dict[str, tuple] = {}  # job -> (inputs, epoch tables) of the last replan
         self._first_plan_stored = False  # the batch's first plan is in etcd (it alone needs LB_fluid)
+        self._origin: float | None = None  # the stored origin (Unix seconds) once read
         self._plan_origin = 0.0  # when the plan in force starts (Unix seconds)
         self._plan_makespan = 0.0  # its makespan (plan seconds)
         self.deposed = asyncio.Event()  # a write was fenced off: another planner leads now
@@ -961,8 +962,9 @@ class Dispatcher:
 
     async def _checkpoint_dir(self, job_id: str) -> str:
         """<root>/<batch>/<job>: the batch is its origin in ms, so a later batch never resumes an old checkpoint."""
-        origin = await self.state.origin()
-        return f"{self.checkpoint_root}/batch-{int((origin or 0) * 1000)}/{job_id}"
+        if self._origin is None:  # (stored once, never changed: read once)
+            self._origin = await self.state.origin()
+        return f"{self.checkpoint_root}/batch-{int((self._origin or 0) * 1000)}/{job_id}"
 
 
 def _attempt_number(attempt_id: str, job_id: str) -> int:
