@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from dataclasses import replace
 from typing import Mapping, Sequence
@@ -195,7 +196,7 @@ class Dispatcher:
         self._late_in = -1  # the plan version found late (and replanned on) last
         self._planning = False  # the core is making a plan (reconcile)
         self.policy_in_force = self.default_policy
-        self._pool = None  # the child processes large problems plan in (started on the first one)
+        self._pools: dict[bool, object] = {}  # background? -> the child process large problems plan in
 
     # lifecycle ----------------------------------------------------------------
 
@@ -222,9 +223,9 @@ class Dispatcher:
         self._tasks, self._followers, self._channels, self.nodes = [], {}, {}, {}
         self._adopt([])
         self.deposed.clear()
-        if self._pool is not None:  # (a plan under way ends with its child, which then exits)
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        for pool in self._pools.values():  # (a plan under way ends with its child, which then exits)
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._pools = {}
 
     @property
     def leading(self) -> bool:
@@ -804,8 +805,8 @@ class Dispatcher:
     async def _bound_first_plan(self, problem) -> None:
         from services.planner.core.bounds import fluid
 
-        try:
-            await self.state.bound_first_plan(await self._run(fluid, problem))
+        try:  # (only the report needs it: at low CPU priority, beside the replans)
+            await self.state.bound_first_plan(await self._run(fluid, problem, background=True))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -844,26 +845,26 @@ class Dispatcher:
         }
         return {"steps": steps, "record": record, "makespan_s": result.makespan_s}
 
-    async def _run(self, fn, *args):
-        """fn(*args) (the last one the problem) in a thread, or for a large problem in a child process (of
-        two, spawned once: the first plan's lower bound may be computed beside the next plans)."""
+    async def _run(self, fn, *args, background: bool = False):
+        """fn(*args) (the last one the problem) in a thread, or for a large problem in a child process,
+        spawned once: the plans' own, or with `background` another one at low CPU priority (the first
+        plan's lower bound, 21 CPU seconds at 1,000 jobs, must not slow the replans and the control
+        loop on a busy machine)."""
         from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
 
         problem = args[-1]
         if len(problem.jobs) * problem.cluster.gpus < PROCESS_PLAN_MIN:
             return await asyncio.to_thread(fn, *args)
-        if self._pool is None:
+        if self._pools.get(background) is None:
             import multiprocessing
 
-            from services.common.cluster import die_with_parent
-
-            self._pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=die_with_parent)
+            self._pools[background] = ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=_child, initargs=(background,))
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-        except BrokenProcessPool:  # the child died (killed, out of memory): the next plan starts another
-            self._pool = None
+            return await asyncio.get_running_loop().run_in_executor(self._pools[background], fn, *args)
+        except BrokenProcessPool:  # the child died (killed, out of memory): the next call starts another
+            self._pools.pop(background, None)
             raise
 
     async def _profile(self, r: JobRecord, max_gpus: int) -> None:
@@ -965,6 +966,15 @@ class Dispatcher:
         if self._origin is None:  # (stored once, never changed: read once)
             self._origin = await self.state.origin()
         return f"{self.checkpoint_root}/batch-{int((self._origin or 0) * 1000)}/{job_id}"
+
+
+def _child(background: bool) -> None:
+    """A planning child process: it dies with the planner; a background one yields the CPU to others."""
+    from services.common.cluster import die_with_parent
+
+    die_with_parent()
+    if background:
+        os.nice(10)
 
 
 def _attempt_number(attempt_id: str, job_id: str) -> int:

@@ -1,5 +1,6 @@
 """plan_problem: a large problem plans in child processes (no GIL shared with the event loop), the same
-plan as in a thread, and the children end with the dispatcher; a replan keeps the plan in force unless it
+plan as in a thread, the first plan's lower bound in one of low CPU priority, and the children end with the
+dispatcher; a replan keeps the plan in force unless it
 finds a better one."""
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ async def test_a_large_problem_plans_in_a_child_process_the_same_plan_and_the_ch
     d = dispatch.Dispatcher(None, registry="", profiler="", policy="omru")
     monkeypatch.setattr(dispatch, "PROCESS_PLAN_MIN", 1)
     in_child, _ = await d._run(dispatch.plan_problem, "omru", (), p)
-    pool = d._pool
+    pool = d._pools[False]
     assert (in_child.makespan_s, in_child.segments) == (in_thread.makespan_s, in_thread.segments)
-    bound = await d._run(fluid, p)  # (beside the plans, in the same pool: spawned once)
-    assert 0 < bound <= in_child.makespan_s and d._pool is pool
-    children = list(pool._processes)
-    assert children and os.getpid() not in children
+    again, _ = await d._run(dispatch.plan_problem, "omru", (), p)
+    assert again.makespan_s == in_child.makespan_s and d._pools[False] is pool  # spawned once
+    bound = await d._run(fluid, p, background=True)  # beside the plans, at low CPU priority
+    assert 0 < bound <= in_child.makespan_s
+    children = list(pool._processes) + list(d._pools[True]._processes)
+    assert len(children) == 2 and os.getpid() not in children
+    assert [os.getpriority(os.PRIO_PROCESS, pid) - os.getpriority(os.PRIO_PROCESS, 0) for pid in children] == [0, 10]
     await d.stop()
     deadline = time.monotonic() + 30
     while any(os.path.exists(f"/proc/{pid}") and _alive(pid) for pid in children) and time.monotonic() < deadline:
