@@ -90,6 +90,9 @@ class NodeMembership:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        with contextlib.suppress(grpc.aio.AioRpcError):
+        try:
             await self.stub.DeregisterNode(registry_pb2.DeregisterNodeRequest(node_id=self.node_id), timeout=2.0)
+        except grpc.aio.AioRpcError as exc:  # the lease then lapses after its TTL
+            log.warning("node_deregister_failed", node_id=self.node_id, code=exc.code().name, error=exc.details())
+        else:
             log.info("node_deregistered", node_id=self.node_id)
