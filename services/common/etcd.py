@@ -429,13 +429,13 @@ class _KeepAlives:
 
     def __init__(self, client: aetcd.Client) -> None:
         self._client = client
-        self._requests: asyncio.Queue = asyncio.Queue()
-        self._waiters: dict[int, list[asyncio.Future]] = {}
         self._reader: asyncio.Task | None = None
+        self._requests: asyncio.Queue  # the open stream's (each stream has its own queue and waiters)
+        self._waiters: dict[int, list[asyncio.Future]]
 
     async def refresh(self, lease_id: int, timeout: float) -> int:
         """The lease's TTL after the refresh (0: etcd does not know the lease)."""
-        if self._reader is None or self._reader.done():  # (each stream has its own queue and waiters)
+        if self._reader is None or self._reader.done():
             self._requests, self._waiters = asyncio.Queue(), {}
             self._reader = asyncio.get_running_loop().create_task(self._read(self._requests, self._waiters))
         waiters = self._waiters

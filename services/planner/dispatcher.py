@@ -436,7 +436,7 @@ class Dispatcher:
         comes from a newer attempt (its executor answered the planner's write before the write's reply
         came back: a refusal takes milliseconds)."""
         r = self.records.get(e.job_id)
-        if r is not None and _attempt_number(e.attempt_id, e.job_id) > r.attempt:
+        if r is not None and r.attempt_of(e.attempt_id) > r.attempt:
             r = self._stored(await self.state.job(e.job_id)) or r
         return r
 
@@ -975,12 +975,6 @@ def _child(background: bool) -> None:
     die_with_parent()
     if background:
         os.nice(10)
-
-
-def _attempt_number(attempt_id: str, job_id: str) -> int:
-    """n of the attempt id "<job_id>-a<n>" (0 for another form: the empty id of a release)."""
-    suffix = attempt_id[len(job_id) + 2:] if attempt_id.startswith(f"{job_id}-a") else ""
-    return int(suffix) if suffix.isdigit() else 0
 
 
 async def _batches(call, convert_event):

@@ -90,6 +90,12 @@ class JobRecord:
     def attempt_id(self) -> str:
         return f"{self.job_id}-a{self.attempt}"
 
+    def attempt_of(self, attempt_id: str) -> int:
+        """n of this job's attempt id "<job_id>-a<n>" (0 for another form: the empty id of a release)."""
+        prefix = f"{self.job_id}-a"
+        suffix = attempt_id[len(prefix):] if attempt_id.startswith(prefix) else ""
+        return int(suffix) if suffix.isdigit() else 0
+
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
