@@ -11,11 +11,13 @@ control plane's own delays (reuse gaps), which are wall seconds.
 - double_owned_gpu_s: GPU-seconds in which two different attempts held one
   GPU (report.ownership_conflicts over the holds).
 - reuse gap of a hold (one attempt of one job on one node): its start minus
-  the moment its GPUs were all free for it: the latest release of a GPU by
-  another job's hold, or, for a job that moves (resize), the end of its own
-  previous hold of those GPUs. Only holds that take over at least one GPU from
-  another job count (a start on GPUs idle long before is the plan's choice,
-  not a hand-over delay).
+  the moment the attempt's GPUs, on every node it spans, were all free for
+  it: the latest release of one of them by another job's hold, or, for a job
+  that moves (resize), the end of its own previous hold of those GPUs. A part
+  on a node freed early waits, by plan, for the attempt's other nodes; that
+  wait is not a hand-over delay. Only attempts that take over at least one
+  GPU from another job count (a start on GPUs idle long before is the plan's
+  choice).
 """
 
 from __future__ import annotations
@@ -54,16 +56,24 @@ def reuse_gaps(holds: Sequence[Hold]) -> list[float]:
             by_gpu.setdefault(g, []).append(h)
     for hs in by_gpu.values():
         hs.sort(key=lambda h: h.start_s)
+    attempts: dict[tuple[str, str], list[Hold]] = {}
+    for h in holds:
+        attempts.setdefault((h.job_id, h.attempt_id), []).append(h)
+    freed: dict[tuple[str, str], tuple[float | None, bool]] = {}  # attempt: (all its GPUs free, handed over)
+    for key, parts in attempts.items():
+        ready, handed_over = None, False
+        for part in parts:
+            for g in part.gpus:
+                before = [p for p in by_gpu[g] if p.start_s < part.start_s and p is not part]
+                if not before:
+                    continue
+                prev = before[-1]
+                handed_over |= prev.job_id != part.job_id
+                ready = prev.end_s if ready is None else max(ready, prev.end_s)
+        freed[key] = (ready, handed_over)
     gaps = []
     for h in holds:
-        ready, handed_over = None, False
-        for g in h.gpus:
-            before = [p for p in by_gpu[g] if p.start_s < h.start_s and p is not h]
-            if not before:
-                continue
-            prev = before[-1]
-            handed_over |= prev.job_id != h.job_id
-            ready = prev.end_s if ready is None else max(ready, prev.end_s)
+        ready, handed_over = freed[(h.job_id, h.attempt_id)]
         if handed_over and ready is not None and ready <= h.start_s:
             gaps.append(h.start_s - ready)
     return gaps

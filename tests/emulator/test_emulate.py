@@ -124,3 +124,14 @@ def test_an_emulated_epoch_takes_the_time_of_its_placement():
     assert abs(mean - 1) < 0.01 and abs(cv - 0.1) < 0.01
     assert noise_factor(7, "j", 5, 0.1) == factors[5] and noise_factor(8, "j", 5, 0.1) != factors[5]
     assert noise_factor(7, "j", 5, 0.0) == 1.0
+
+
+def test_a_reuse_gap_counts_from_when_all_of_an_attempts_gpus_were_free():
+    def hold(job, attempt, node, start, end):
+        return report.Hold(job, attempt, node, ((node, 0),), start, end, 2)
+
+    holds = [hold("a", "a-a1", "n0", 0.0, 10.0), hold("c", "c-a1", "n1", 0.0, 50.0),
+             # b's part on n0 waits for c's GPU on n1 by plan: from 50 on, not from 10
+             hold("b", "b-a1", "n0", 52.0, 90.0), hold("b", "b-a1", "n1", 51.0, 90.0),
+             hold("d", "d-a1", "n2", 5.0, 30.0)]  # on a GPU nobody held: no hand-over
+    assert sorted(measure.reuse_gaps(holds)) == [1.0, 2.0]
