@@ -59,7 +59,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from omru import checkpoint, lsr
+from omru import checkpoint, lease, lsr
 from omru.spec import ProfileSpec
 
 #: Start of a record line on a worker's stdout.
@@ -303,13 +303,7 @@ class Context:
     def lease_lapsed(self) -> bool:
         """True when the node's lease may have lapsed (OMRU_LEASE_FILE holds until when it holds): the
         planner may then run the job elsewhere, so this attempt must neither checkpoint nor report."""
-        if not self.lease_file:
-            return False
-        try:
-            with open(self.lease_file) as f:
-                return time.time() > float(f.read())
-        except (OSError, ValueError):
-            return False
+        return lease.lapsed(self.lease_file)
 
     def _fence(self) -> None:
         if self.lease_lapsed():  # before the epoch's collectives: no rank of the attempt checkpoints

@@ -66,6 +66,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import AsyncIterator, Protocol, Sequence
 
+from omru import lease
 from services.common.logging import get_logger
 from services.executor.logs import Chunk, LogStore
 from services.executor.state import JobState, check_move
@@ -269,8 +270,10 @@ class EventLog:
         self._events.append(event)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
-        log.info("executor_event", job_id=job_id, kind=kind.value, seq=event.seq, attempt_id=event.attempt_id,
-                 epoch=event.epoch, message=event.message)
+        # an epoch's progress is kept here and sent to the planner; the service log keeps the changes
+        (log.debug if kind is EventKind.EPOCH_DONE else log.info)(
+            "executor_event", job_id=job_id, kind=kind.value, seq=event.seq, attempt_id=event.attempt_id,
+            epoch=event.epoch, message=event.message)
         return event
 
     def since(self, after_seq: int) -> list[Event]:
@@ -399,6 +402,7 @@ class Supervisor:
             work_dir = self._own_tmp.name
         self.work_dir = Path(work_dir)
         self.lease_file = self.work_dir / "lease"  # until when the node's lease holds (`renewed`)
+        self._lease = lease.LeaseWriter(self.lease_file)
         self.logs = LogStore(self.work_dir / "logs")
         self.events = EventLog(node_id)
         self._jobs: dict[str, _Job] = {}
@@ -415,16 +419,10 @@ class Supervisor:
     def renewed(self, deadline_unix_s: float) -> None:
         """The node's lease surely holds until deadline_unix_s: the ranks of allocated jobs read it (and
         stop without checkpointing once it passed, as when this executor is paused or killed)."""
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.lease_file.with_suffix(".tmp")
-        tmp.write_text(repr(deadline_unix_s))
-        os.replace(tmp, self.lease_file)
+        self._lease.write(deadline_unix_s)
 
     def _lease_lapsed(self) -> bool:
-        try:
-            return time.time() > float(self.lease_file.read_text())
-        except (OSError, ValueError):
-            return False
+        return lease.lapsed(str(self.lease_file))
 
     # --- queries ---------------------------------------------------------------------
 
@@ -853,6 +851,7 @@ class Supervisor:
                 t.cancel()
         if self.pool is not None:
             await self.pool.close()
+        self._lease.close()
         if self._own_tmp is not None:
             with contextlib.suppress(OSError):
                 self._own_tmp.cleanup()

@@ -21,6 +21,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, fields
 
+from omru import lease
 from omru.spec import ProfileSpec, SpecError
 from omru.spec import int_field as _int_field
 from omru.spec import require as _require
@@ -232,12 +233,7 @@ class AttemptSpec:
 
     def lease_lapsed(self, now: float | None = None) -> bool:
         """True when the node's lease may have lapsed (see lease_file; False without one)."""
-        try:
-            with open(self.lease_file) as f:
-                deadline = float(f.read())
-        except (OSError, ValueError):
-            return False
-        return (time.time() if now is None else now) > deadline
+        return lease.lapsed(self.lease_file, now)
 
     def publish(self, endpoint: str) -> None:
         """Rank 0's side: write the ``host:port`` it bound to `rendezvous_file` at once as a whole."""
