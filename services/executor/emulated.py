@@ -15,9 +15,9 @@ would report them on hardware ``speed`` times slower.
 The ranks of an attempt meet through its checkpoint folder, which every node
 shares (as real multi-node jobs need): each node's part writes
 ``.emu-<attempt>/node-<node_id>`` with its ranks and touches it while it
-lives; the part that holds rank 0 waits for all ranks, runs the clock, fails
-the attempt when a peer's file goes stale (as a collective times out when a
-rank's node is gone), writes a small JSON checkpoint
+lives (every BEAT_S); the part that holds rank 0 waits for all ranks, runs
+the clock, fails the attempt when a peer's file goes stale (as a collective
+times out when a rank's node is gone), writes a small JSON checkpoint
 ``epoch-NNNNN.pt`` per epoch (the supervisor's names) and, at the end,
 ``.emu-<attempt>/end``, which ends the other nodes' parts. A stop request on
 any node (the attempt's stop file, as for real workers) stops the job at the
@@ -57,6 +57,9 @@ EMULATED_KIND = "emulated"
 POLL_S = 0.05
 #: Wall seconds after which a peer part that stopped touching its file counts as gone.
 PEER_TIMEOUT_S = 2.0
+#: How often a part touches its file (and a part without rank 0 looks at rank 0's): often enough for
+#: PEER_TIMEOUT_S, rarely enough that hundreds of live parts cost little.
+BEAT_S = PEER_TIMEOUT_S / 8
 #: Fewest wall seconds the ranks of an attempt wait for each other (the attempt's timeout / speed, at least this).
 MIN_RENDEZVOUS_S = 10.0
 CHECKPOINT_FORMAT = "emulated-1"
@@ -244,7 +247,7 @@ class EmulatedGroup:
     async def _beat(self, path: Path) -> None:
         while True:
             path.touch()
-            await asyncio.sleep(POLL_S)
+            await asyncio.sleep(BEAT_S)
 
     async def _gather(self) -> tuple[int, list[Path]]:
         """Wait until every rank of the attempt joined; the number of nodes they span and the peers' files."""
@@ -270,16 +273,19 @@ class EmulatedGroup:
         end, leader = self.folder / "end", self.folder / "leader"
         mine = self.folder / f"node-{self.runtime.node_id}"
         deadline = time.monotonic() + self._rendezvous_s()
+        beat = 0.0  # when this part last touched its file and looked at rank 0's
         while not end.exists():
-            mine.touch()
-            try:
-                age = time.time() - leader.stat().st_mtime
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"rank 0 did not come within {self._rendezvous_s():.0f} s") from None
-            else:
-                if age > PEER_TIMEOUT_S and not end.exists():
-                    raise RuntimeError(f"rank 0 stopped answering {age:.1f} s ago")
+            if time.monotonic() - beat >= BEAT_S:
+                beat = time.monotonic()
+                mine.touch()
+                try:
+                    age = time.time() - leader.stat().st_mtime
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"rank 0 did not come within {self._rendezvous_s():.0f} s") from None
+                else:
+                    if age > PEER_TIMEOUT_S and not end.exists():
+                        raise RuntimeError(f"rank 0 stopped answering {age:.1f} s ago")
             await asyncio.sleep(POLL_S)
         return "exited"
 
@@ -295,13 +301,15 @@ class EmulatedGroup:
                 raise RuntimeError(f"the ranks on {f.name.removeprefix('node-')} stopped answering {age:.1f} s ago")
 
     def _checkpoint(self, epoch: int) -> None:
+        """Epoch's checkpoint; the one checkpoint.KEEP epochs older goes (epochs are written in order, so
+        that keeps the newest KEEP without listing the folder)."""
         folder = self.attempt.checkpoint_dir
         _write(Path(checkpoint.path_for(folder, epoch)), json.dumps(
             {"format": CHECKPOINT_FORMAT, "job_id": self.spec.job_id, "epoch": epoch,
              "world_size": self.attempt.world_size}))
-        for _, old in checkpoint.list_checkpoints(folder)[:-checkpoint.KEEP]:
+        if epoch > checkpoint.KEEP:
             with contextlib.suppress(OSError):
-                os.unlink(old)
+                os.unlink(checkpoint.path_for(folder, epoch - checkpoint.KEEP))
 
 
 def _write(path: Path, text: str) -> None:

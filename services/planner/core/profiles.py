@@ -97,8 +97,11 @@ def parse_csv(text: str, task: str | None = None, source: str = "profiles") -> l
     jobs = []
     for job in times:
         placement = spread.get(job, {})
-        for g in sorted({k[0] for k in placement}):
-            times[job].setdefault(g, min(t for k, t in placement.items() if k[0] == g))
+        fastest: dict[int, float] = {}  # per GPU count, its fastest measured placement
+        for (g, _), t in placement.items():
+            fastest[g] = min(t, fastest.get(g, t))
+        for g in sorted(fastest):
+            times[job].setdefault(g, fastest[g])
         jobs.append(Job(job, epochs[job], times[job], placement=placement, **extra.get(job, {})))
     return jobs
 
