@@ -19,7 +19,8 @@ seconds), actual/offline, actual/LB, epochs run twice, GPU-seconds with two
 owners, the planner's plans (count, p50 and max wall seconds), the reuse gap
 (wall seconds from a GPU's release to its next holder starting, p50 and
 p99), etcd requests and executor events per wall second, CPU seconds of
-the planner, registry, etcd and emulator, and the wall time. Figures only: nothing passes or fails.
+the planner, registry, etcd and emulator during the run (from the first
+submission on), and the wall time. Figures only: nothing passes or fails.
 """
 
 from __future__ import annotations

@@ -244,6 +244,7 @@ async def drive(cluster: EmulatedCluster, jobs: Sequence[Job], kill_process_at: 
     channel = open_channel(cluster.planner)
     stub = planner_pb2_grpc.PlannerServiceStub(channel)
     etcd_before = etcd_requests(cluster.etcd)
+    cpu_before = cluster.cpu_seconds()  # the run's own: not the start-up (each node process reads the profiles)
     origin = time.time()
     killed: list[str] = []
     total_epochs = sum(j.epochs for j in jobs)
@@ -271,7 +272,8 @@ async def drive(cluster: EmulatedCluster, jobs: Sequence[Job], kill_process_at: 
         wall = time.time() - origin
         return {"origin": origin, "wall_s": wall, "records": records, "events": await state.events(),
                 "first_plan": await state.first_plan(), "killed_nodes": killed,
-                "etcd_requests": etcd_requests(cluster.etcd) - etcd_before}
+                "etcd_requests": etcd_requests(cluster.etcd) - etcd_before,
+                "cpu_s": {k: v - cpu_before[k] for k, v in cluster.cpu_seconds().items()}}
     finally:
         await channel.close()
         await store.close()

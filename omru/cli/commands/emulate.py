@@ -16,7 +16,8 @@ simulate` plans it), lower_bound_s (LB_fluid), epochs_run_twice, double_owned
 their reasons, and `control`: the planner's plans (count
 and wall seconds), the wall seconds from a GPU's release to its next holder
 starting on it (reuse gaps), etcd requests and executor events per wall
-second, planner and emulator CPU seconds. Exit 1 when a job did not finish.
+second, and the CPU seconds the planner, registry, etcd and emulator spent from the first submission to
+the last job's end (not their start-up). Exit 1 when a job did not finish.
 """
 
 from __future__ import annotations
@@ -66,7 +67,6 @@ def emulate(config, jobs, gantt: str | None = None, kill_process_at: float | Non
     where = {"work_dir": Path(work_dir), "keep": True} if work_dir else {}
     with EmulatedCluster(config, **where) as cluster:
         run = asyncio.run(drive(cluster, jobs, kill_process_at=kill_process_at))
-        cpu = cluster.cpu_seconds()
         plan_seconds = cluster.planner_plan_seconds()
     events, wall = run["events"], run["wall_s"]
     figures, holds, planned = measure.figures(events, run["origin"], config.speed, config.gpus, [j.id for j in jobs],
@@ -84,7 +84,7 @@ def emulate(config, jobs, gantt: str | None = None, kill_process_at: float | Non
         "refusals": sum(1 for e in events if e.kind == "failed" and is_refusal(e.message)),
         "killed_nodes": run["killed_nodes"],
         "wall_s": wall,
-        "control": measure.control(events, holds, config.speed, wall, plan_seconds, run["etcd_requests"], cpu),
+        "control": measure.control(events, holds, config.speed, wall, plan_seconds, run["etcd_requests"], run["cpu_s"]),
     }
     if gantt:
         from services.planner import report
