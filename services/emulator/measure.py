@@ -11,13 +11,13 @@ control plane's own delays (reuse gaps), which are wall seconds.
 - double_owned_gpu_s: GPU-seconds in which two different attempts held one
   GPU (report.ownership_conflicts over the holds).
 - reuse gap of a hold (one attempt of one job on one node): its start minus
-  the moment the attempt's GPUs, on every node it spans, were all free for
-  it: the latest release of one of them by another job's hold, or, for a job
-  that moves (resize), the end of its own previous hold of those GPUs. A part
-  on a node freed early waits, by plan, for the attempt's other nodes; that
-  wait is not a hand-over delay. Only attempts that take over at least one
-  GPU from another job count (a start on GPUs idle long before is the plan's
-  choice).
+  the moment the attempt could begin: its GPUs, on every node it spans, all
+  free (the latest release of one of them by an earlier hold) and, for a job
+  that moves (resize), its previous attempt ended. A part on a node freed
+  early waits, by plan, for the attempt's other nodes, and GPUs a job grows
+  onto wait, by plan, for its epoch boundary; neither is a hand-over delay.
+  Only attempts that take over at least one GPU from another job count (a
+  start on GPUs idle long before is the plan's choice).
 """
 
 from __future__ import annotations
@@ -59,9 +59,14 @@ def reuse_gaps(holds: Sequence[Hold]) -> list[float]:
     attempts: dict[tuple[str, str], list[Hold]] = {}
     for h in holds:
         attempts.setdefault((h.job_id, h.attempt_id), []).append(h)
-    freed: dict[tuple[str, str], tuple[float | None, bool]] = {}  # attempt: (all its GPUs free, handed over)
+    ended: dict[str, list[tuple[float, float]]] = {}  # job: (start, end) of each attempt
+    for (job_id, _), parts in attempts.items():
+        ended.setdefault(job_id, []).append((min(p.start_s for p in parts), max(p.end_s for p in parts)))
+    freed: dict[tuple[str, str], tuple[float | None, bool]] = {}  # attempt: (it could begin, handed over)
     for key, parts in attempts.items():
-        ready, handed_over = None, False
+        begin = min(p.start_s for p in parts)
+        earlier = [end for start, end in ended[key[0]] if start < begin]
+        ready, handed_over = (max(earlier) if earlier else None), False
         for part in parts:
             for g in part.gpus:
                 before = [p for p in by_gpu[g] if p.start_s < part.start_s and p is not part]

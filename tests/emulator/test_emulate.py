@@ -133,5 +133,7 @@ def test_a_reuse_gap_counts_from_when_all_of_an_attempts_gpus_were_free():
     holds = [hold("a", "a-a1", "n0", 0.0, 10.0), hold("c", "c-a1", "n1", 0.0, 50.0),
              # b's part on n0 waits for c's GPU on n1 by plan: from 50 on, not from 10
              hold("b", "b-a1", "n0", 52.0, 90.0), hold("b", "b-a1", "n1", 51.0, 90.0),
-             hold("d", "d-a1", "n2", 5.0, 30.0)]  # on a GPU nobody held: no hand-over
-    assert sorted(measure.reuse_gaps(holds)) == [1.0, 2.0]
+             hold("d", "d-a1", "n2", 5.0, 30.0),  # on a GPU nobody held: no hand-over
+             # y moves onto e's GPU, idle since 20, at its own epoch boundary (60): from 60 on, not from 20
+             hold("e", "e-a1", "n4", 0.0, 20.0), hold("y", "y-a1", "n3", 0.0, 60.0), hold("y", "y-a2", "n4", 63.0, 90.0)]
+    assert sorted(measure.reuse_gaps(holds)) == [1.0, 2.0, 3.0]
