@@ -178,6 +178,7 @@ class Dispatcher:
         self._profiling: set[str] = set()
         self._measured: set[str] = set()  # attempts whose start overhead is measured
         self._refusals: dict[str, int] = {}  # job -> directives refused in a row
+        self._job_locks: dict[str, asyncio.Lock] = {}  # a job's directive write and its events, one at a time
         self._lock = asyncio.Lock()
         self._follow_needed = asyncio.Event()
         self.records: dict[str, JobRecord] = {}  # every job, as stored (this planner is their one writer)
@@ -417,6 +418,12 @@ class Dispatcher:
 
     # executor events --------------------------------------------------------------
 
+    def _job_lock(self, job_id: str) -> asyncio.Lock:
+        """Held while a directive of the job is written and while one of its events is handled: an
+        executor acts on a write within milliseconds, and its events (the old attempt stopping where a
+        move dropped it) must be judged against the record that write stored, not the one before it."""
+        return self._job_locks.setdefault(job_id, asyncio.Lock())
+
     async def _on_events(self, events: Sequence[Event]) -> None:
         """A node's events in order, each job's run of epoch_done events in one record write (a stream
         that fell behind catches up in fewer writes)."""
@@ -425,11 +432,13 @@ class Dispatcher:
             if e.kind == "epoch_done":
                 epochs.setdefault(e.job_id, []).append(e)
                 continue
-            if e.job_id in epochs:
-                await self._on_epochs(epochs.pop(e.job_id))
-            await self._on_event(e)
-        for run in epochs.values():
-            await self._on_epochs(run)
+            async with self._job_lock(e.job_id):
+                if e.job_id in epochs:
+                    await self._on_epochs(epochs.pop(e.job_id))
+                await self._on_event(e)
+        for job_id, run in epochs.items():
+            async with self._job_lock(job_id):
+                await self._on_epochs(run)
 
     async def _record_for(self, e: Event) -> JobRecord | None:
         """The job's record as `e` must be judged against: the one in memory, or the stored one when `e`
@@ -913,6 +922,10 @@ class Dispatcher:
     # dispatching ------------------------------------------------------------------
 
     async def _act(self, a: Move) -> None:
+        async with self._job_lock(a.job_id):
+            await self._act_on(a)
+
+    async def _act_on(self, a: Move) -> None:
         r = self.records.get(a.job_id)
         if r is None or r.terminal:
             return

@@ -111,6 +111,41 @@ async def test_a_move_whose_allocation_could_not_be_written_is_written_when_the_
     assert any(kv.key.endswith("n2/a") for kv in await allocations(etcd_store))
 
 
+async def test_a_move_whose_old_attempt_stops_before_the_write_returned_still_joins(etcd_store):
+    """A move off every node the job ran on drops their allocations; their executors stop the old attempt
+    and release its GPUs within milliseconds, before the planner's write has returned. Those releases are
+    judged against the record that write stored (the old attempt is no longer current), so the joining
+    node gets its allocation; judged against the record before it, the job waited forever."""
+    import asyncio
+
+    from omru.v1 import registry_pb2
+
+    d = await running(etcd_store, attempt=1, epochs_done=2)
+    lease = await etcd_store.grant_lease(30)
+    d.nodes = {n: registry_pb2.Node(node_id=n, address=f"127.0.0.1:{5000 + i}", lease_id=lease)
+               for i, n in enumerate(("n0", "n1", "n2"))}
+    d.owner = {g: "a" for g in GPUS}
+    change, handled = d.state.change, []
+
+    async def then_the_releases(job_id, **kw):
+        result = await change(job_id, **kw)
+        if kw.get("drop"):  # the old nodes' streams bring their releases while the reply is on its way
+            handled.append(asyncio.get_running_loop().create_task(d._on_events(
+                [Event(n, "a", "gpus_released", 1.0, attempt_id="a-a1", gpus=tuple(gs), epoch=2)
+                 for n, gs in (("n0", N0), ("n1", N1))])))
+            await asyncio.sleep(0.2)
+        return result
+
+    d.state.change = then_the_releases
+    n2 = (("n2", 0),)
+    await d._act(Move("a", "resize", n2, Step("a", n2, 3, 0.0, 1)))
+    await asyncio.wait_for(handled[0], 10)
+    r = d.records["a"]
+    assert (r.attempt, r.joining, r.releasing) == (2, (), ())
+    assert {kv.key.rpartition("/")[0].rpartition("/")[2] for kv in await allocations(etcd_store)} == {"n2"}
+    assert await d.state.claims() == {("n2", 0): "a"}
+
+
 async def test_a_planner_that_takes_over_finishes_a_move_the_other_began(etcd_store):
     """The move waits in the job's record, not in the planner's memory: a planner started afresh on the same
     etcd writes the joining node's allocation when the old attempt's last release comes."""
