@@ -9,7 +9,8 @@ writer of job records and keeps them in memory too).
 
 Replanning (`reconcile`) happens when a job is submitted, cancelled or fails,
 a node joins or is lost, a job's mean epoch time departs from the plan's by
-more than REPLAN_DEVIATION, or nothing planned can start while every job
+more than REPLAN_DEVIATION and enough to move its end by more than the
+lateness slack (`departs`), or nothing planned can start while every job
 waits. It plans the remaining work with the policy from the core registry
 (epoch times = profile + measured start overhead spread over the remaining
 epochs), giving the core the epoch each running job is in, on the GPUs it
@@ -82,7 +83,8 @@ EVENT_BATCH = 500
 #: A step that should have begun this share of the plan's makespan ago, while a GPU it needs idles,
 #: makes the planner replan.
 REPLAN_LATE = 0.05
-#: A job whose mean epoch time departs from the plan's by more than this share makes the planner replan.
+#: A job whose mean epoch time departs from the plan's by more than this share (and enough to move its
+#: end by more than REPLAN_LATE of the plan's makespan) makes the planner replan.
 REPLAN_DEVIATION = 0.10
 #: Problems of at least this many (job, GPU count) epoch times plan in a child process, not a thread.
 PROCESS_PLAN_MIN = 20_000
@@ -138,6 +140,16 @@ def corrected_profile(profile: Mapping[int, float], observed: Mapping[int, Seque
     out = {g: t * scale for g, t in profile.items()}
     out.update(seen)
     return out
+
+
+def departs(planned_s: float, mean_s: float, epochs_seen: int, epochs_left: int, makespan_s: float) -> bool:
+    """True when a job's mean epoch time over epochs_seen (>= 2) epochs is off the plan's by more than
+    REPLAN_DEVIATION and, over its epochs_left, moves its end by more than the slack lateness has
+    (REPLAN_LATE of the plan's makespan). A job near its end, or one of many short epochs off by noise,
+    changes no plan: replanning a thousand jobs for it costs more than it could gain."""
+    if planned_s <= 0 or epochs_seen < 2 or abs(mean_s / planned_s - 1) <= REPLAN_DEVIATION:
+        return False
+    return abs(mean_s - planned_s) * epochs_left > REPLAN_LATE * makespan_s
 
 
 # --- the engine ---------------------------------------------------------------
@@ -592,11 +604,12 @@ class Dispatcher:
         return any(r.epochs_done + 1 >= s.after and set(s.gpus) != set(r.gpus) for s in self._steps_of.get(r.job_id, ()))
 
     def _departs(self, r: JobRecord, world_size: int) -> bool:
-        """True (once per plan and job) when the job's mean epoch time at its size is off the plan's by
-        more than REPLAN_DEVIATION, over at least two epochs."""
+        """True (once per plan and job) when the job's mean epoch time at its size departs from the plan's
+        (`departs`)."""
         planned = self._tau.get(r.job_id, {}).get(world_size)
         mean, n = r.observed.get(world_size, (0.0, 0))
-        if not planned or n < 2 or r.job_id in self._deviated or abs(mean / planned - 1) <= REPLAN_DEVIATION:
+        if not planned or r.job_id in self._deviated or not departs(
+                planned, mean, n, r.epochs - r.epochs_done, self._plan_makespan):
             return False
         self._deviated.add(r.job_id)
         return True

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from services.planner.dispatcher import corrected_profile, epoch_table, observe
+from services.planner.dispatcher import corrected_profile, departs, epoch_table, observe
 from services.planner.follow import Live, Step, blockers, follow, late
 
 N0 = [("n0", 0), ("n0", 1)]
@@ -141,6 +141,16 @@ def test_observed_epochs_fold_into_a_running_mean_per_gpu_count():
     seen = observe(seen, 2, 14.0)
     seen = observe(seen, 1, 30.0)
     assert seen == {2: [12.0, 2], 1: [30.0, 1]}
+
+
+def test_a_job_departs_from_the_plan_only_when_it_moves_its_end_by_more_than_the_slack():
+    # a plan of 10,000 s: the slack is 5 % of it, 500 s
+    assert departs(100.0, 120.0, 2, 50, 10_000.0)  # 20 % slow over 50 more epochs: 1,000 s later
+    assert not departs(100.0, 120.0, 2, 20, 10_000.0)  # the same, 20 epochs left: 400 s, within the slack
+    assert not departs(10.0, 12.0, 2, 200, 10_000.0)  # many short epochs, 20 % off: 400 s
+    assert departs(100.0, 70.0, 3, 50, 10_000.0)  # faster counts too: 1,500 s earlier
+    assert not departs(100.0, 109.0, 5, 1_000, 10_000.0)  # within REPLAN_DEVIATION
+    assert not departs(100.0, 200.0, 1, 1_000, 10_000.0)  # one epoch is no mean
 
 
 def test_the_profile_follows_what_the_cluster_measured():
