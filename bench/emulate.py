@@ -17,9 +17,10 @@ Per row: the offline plan (the policy on the same input in the core, as
 replans at each arrival), the emulated actual makespan, LB_fluid (job
 seconds), actual/offline, actual/LB, epochs run twice, GPU-seconds with two
 owners, the planner's plans (count, p50 and max wall seconds), the reuse gap
-(wall seconds from a GPU's release to its next holder starting, p50 and
-p99), etcd requests and executor events per wall second, CPU seconds of
-the planner, registry, etcd and emulator during the run (from the first
+(wall seconds from the moment a job could take over GPUs another job
+released to its start there, p50 and p99; services/emulator/measure.py),
+etcd requests and executor events per wall second, CPU seconds of the
+planner, registry, etcd and emulator during the run (from the first
 submission on), and the wall time. Figures only: nothing passes or fails.
 """
 

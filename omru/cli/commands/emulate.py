@@ -14,10 +14,11 @@ offline_makespan_s (the policy on the same input in the core, as `omru
 simulate` plans it), lower_bound_s (LB_fluid), epochs_run_twice, double_owned
 (GPU-seconds two jobs held one GPU), directives refused (the job waits for the next plan) and failures with
 their reasons, and `control`: the planner's plans (count
-and wall seconds), the wall seconds from a GPU's release to its next holder
-starting on it (reuse gaps), etcd requests and executor events per wall
-second, and the CPU seconds the planner, registry, etcd and emulator spent from the first submission to
-the last job's end (not their start-up). Exit 1 when a job did not finish.
+and wall seconds), reuse gaps (wall seconds from the moment a job could take
+over GPUs another job released to its start there; services/emulator/measure.py),
+etcd requests and executor events per wall second, and the CPU seconds the
+planner, registry, etcd and emulator spent from the first submission to the
+last job's end (not their start-up). Exit 1 when a job did not finish.
 """
 
 from __future__ import annotations
