@@ -25,12 +25,14 @@ class LeaseWriter:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
+        self.deadline: float | None = None  # the last one written (the writer needs no read back)
         self._fd: int | None = None
         self._closed = False
 
     def write(self, deadline_unix_s: float) -> None:
         if self._closed:
             return
+        self.deadline = deadline_unix_s
         if self._fd is None:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)

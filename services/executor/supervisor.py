@@ -422,7 +422,7 @@ class Supervisor:
         self._lease.write(deadline_unix_s)
 
     def _lease_lapsed(self) -> bool:
-        return lease.lapsed(str(self.lease_file))
+        return self._lease.deadline is not None and time.time() > self._lease.deadline
 
     # --- queries ---------------------------------------------------------------------
 
