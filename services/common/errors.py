@@ -2,7 +2,10 @@
 
 Errors are status codes whose message names the bad value; servicers raise
 these through `abort_*` helpers or let `EtcdUnavailable` surface, which
-`grpc_errors` maps to UNAVAILABLE.
+`grpc_errors` maps to UNAVAILABLE. A message is at most MAX_MESSAGE bytes
+(the rest is cut and counted): it travels in a trailer, and one over the
+client's metadata limit reaches the client as RESOURCE_EXHAUSTED instead of
+the code sent. Values a message echoes go through `omru.spec.shown`.
 """
 
 from __future__ import annotations
@@ -13,12 +16,24 @@ from typing import NoReturn
 
 import grpc
 
+from omru.spec import shown
 from services.common.etcd import EtcdUnavailable, Fenced
+
+#: Longest status message sent, in UTF-8 bytes (gRPC clients refuse trailers over 8 KiB by default).
+MAX_MESSAGE = 2048
+
+
+def bounded(message: str) -> str:
+    """`message`, cut to MAX_MESSAGE bytes with "...(N chars)" when longer."""
+    data = message.encode()
+    if len(data) <= MAX_MESSAGE:
+        return message
+    return f"{data[:MAX_MESSAGE - 32].decode(errors='ignore')}...({len(message)} chars)"
 
 
 async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
-    """End the call with `code` and `message`."""
-    await context.abort(code, message)
+    """End the call with `code` and `message` (bounded)."""
+    await context.abort(code, bounded(message))
     raise AssertionError("unreachable")  # context.abort raises
 
 
@@ -29,7 +44,7 @@ async def abort_invalid(context: grpc.aio.ServicerContext, field: str, problem: 
 
 async def abort_not_found(context: grpc.aio.ServicerContext, field: str, value: object) -> NoReturn:
     """NOT_FOUND naming the field and its value."""
-    await abort(context, grpc.StatusCode.NOT_FOUND, f"{field} {value!r} not found")
+    await abort(context, grpc.StatusCode.NOT_FOUND, f"{field} {shown(value)} not found")
 
 
 async def require(context: grpc.aio.ServicerContext, field: str, value: object) -> None:
@@ -48,7 +63,7 @@ def grpc_errors(method):
                 async for item in method(self, request, context):
                     yield item
             except (EtcdUnavailable, Fenced) as exc:  # (fenced: another server leads; the client retries there)
-                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+                await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
 
         return stream
 
@@ -57,6 +72,6 @@ def grpc_errors(method):
         try:
             return await method(self, request, context)
         except (EtcdUnavailable, Fenced) as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
 
     return unary

@@ -13,7 +13,7 @@ import inspect
 import grpc
 
 from omru.v1 import registry_pb2, registry_pb2_grpc
-from services.common.errors import abort_invalid, grpc_errors
+from services.common.errors import abort, abort_invalid, grpc_errors
 from services.registry import validation as v
 from services.registry.store import RegistryError, RegistryStore
 
@@ -34,7 +34,7 @@ def _registry_errors(method):
         try:
             return await method(self, request, context)
         except RegistryError as exc:
-            await context.abort(_CODES[exc.kind], str(exc))
+            await abort(context, _CODES[exc.kind], str(exc))
 
     return grpc_errors(unary)
 
