@@ -3,7 +3,8 @@
 JobSpec -> TrainSpec keeps every value as sent, except where the proto says
 0 means "not set": image_size 0 = 32, base_batch 0 = batch_size (so lr =
 base_lr x world size), min_gpus 0 = 1, max_gpus 0 = any number. Every bad
-value raises `DirectiveError` naming the field as the client sent it
+value (out of range, or over the input limits of `validation`) raises
+`DirectiveError` naming the field as the client sent it
 ("directive.job.model", "directive.gpus[1].index", ...).
 """
 
@@ -53,6 +54,7 @@ def _problem(problem) -> None:
 
 def train_spec(job: common_pb2.JobSpec, field: str = "directive.job") -> TrainSpec:
     """The TrainSpec of a JobSpec (see the module docstring for the 0 defaults)."""
+    _problem(validation.job_spec_problem(field, job))
     min_gpus = job.min_gpus or 1
     try:
         return TrainSpec(
@@ -94,6 +96,7 @@ def directive(d: executor_pb2.Directive, rpc_kind: int | None = None) -> Directi
         _problem(validation.address_problem("directive.rendezvous_endpoint", d.rendezvous_endpoint, port_zero=True))
     if d.attempt_id:
         _problem(validation.id_problem("directive.attempt_id", d.attempt_id))
+    _problem(validation.text_problem("directive.checkpoint_dir", d.checkpoint_dir))
     profile = profile_spec(d.profile) if d.HasField("profile") else None
     return Directive(
         directive_id=d.directive_id, kind=_KINDS[kind], job_id=spec.job_id, spec=spec,

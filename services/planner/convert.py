@@ -1,12 +1,21 @@
-"""Proto <-> planner dataclasses, in one place (the servicer and dispatcher stay thin)."""
+"""Proto <-> planner dataclasses, in one place (the servicer and dispatcher stay thin).
+
+Nothing is dropped or changed on the way: `job_spec` refuses (SpecError
+naming the field) a job the proto JobSpec cannot carry as it is, and
+`workload_job` refuses a JobSpec over the input limits or with max_gpus
+below min_gpus.
+"""
 
 from __future__ import annotations
 
+import math
+
 from omru.v1 import common_pb2, executor_pb2, planner_pb2
 from omru.workload import WorkloadJob
-from services.executor.worker.spec import TrainSpec
+from services.executor.worker.spec import SpecError, TrainSpec
 from services.planner import report
 from services.planner.state import JobRecord
+from services.registry import validation
 
 _EVENT_KINDS = {
     executor_pb2.EXECUTOR_EVENT_KIND_STARTED: report.STARTED,
@@ -22,15 +31,28 @@ _SAME = ("model", "dataset", "epochs", "batch_size", "base_lr", "base_batch", "w
 
 
 def job_spec(job: WorkloadJob) -> common_pb2.JobSpec:
+    """The JobSpec of a job; SpecError naming the field when the JobSpec cannot carry a value as it is."""
     s = job.spec
+    if s.lr_decay != "none":
+        raise SpecError("lr_decay", f"{s.lr_decay!r} cannot be submitted: the cluster's JobSpec has no lr_decay, its "
+                        "workers train with 'none' (`omru train --lr-decay` runs other schedules)")
+    if not (math.isfinite(s.warmup_epochs) and s.warmup_epochs == int(s.warmup_epochs)):
+        raise SpecError("warmup_epochs", f"must be a whole number of epochs to be submitted (JobSpec counts whole "
+                        f"epochs), got {s.warmup_epochs}")
     fields = {k: getattr(s, k) for k in _SAME}
-    fields["warmup_epochs"] = int(round(s.warmup_epochs))  # JobSpec counts whole epochs
-    return common_pb2.JobSpec(job_id=s.job_id, min_gpus=s.min_gpus, max_gpus=job.max_gpus, command=list(s.command),
-                              env=dict(s.env), **fields)
+    fields.update(warmup_epochs=int(s.warmup_epochs), min_gpus=s.min_gpus, max_gpus=job.max_gpus)
+    for k, v in fields.items():  # (TrainSpec's integers are >= 0)
+        bits = 63 if k == "seed" else 31  # JobSpec: int64 seed, int32 the others
+        if isinstance(v, int) and v >= 1 << bits:
+            raise SpecError(k, f"must be below 2**{bits} to fit the JobSpec, got {v}")
+    return common_pb2.JobSpec(job_id=s.job_id, command=list(s.command), env=dict(s.env), **fields)
 
 
 def workload_job(spec: common_pb2.JobSpec, profile: dict[int, float] | None = None) -> WorkloadJob:
     """JobSpec -> WorkloadJob; raises SpecError (field named) on a bad value."""
+    problem = validation.job_spec_problem("", spec)
+    if problem:
+        raise SpecError(*problem)
     min_gpus = spec.min_gpus or 1
     args = {k: getattr(spec, k) for k in _SAME}
     args.update(command=tuple(spec.command), env=dict(spec.env))

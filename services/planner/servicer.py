@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from dataclasses import replace
 
 import grpc
 
+from omru.spec import shown
 from omru.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from services.common.errors import abort, abort_invalid, abort_not_found, grpc_errors
 from services.executor.worker.spec import SpecError
@@ -39,7 +41,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
 
         await self._leading(context)
         if request.policy and request.policy not in registry.names():
-            await abort_invalid(context, "policy", f"unknown policy {request.policy!r}; known: {', '.join(registry.names())}")
+            await abort_invalid(context, "policy", f"unknown policy {shown(request.policy)}; known: {', '.join(registry.names())}")
         if not request.jobs:
             await abort_invalid(context, "jobs", "is empty")
         problems, records = await self._validate(request)
@@ -63,11 +65,18 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         placements = {p.job_id: tuple((x.gpus, x.nodes, x.epoch_seconds) for x in p.placements) for p in request.profiles}
         gpus = len(self.dispatcher.live_gpus()) or self.dispatcher.gpu_total
         problems: list[str] = []
+        ids, profiled = {spec.job_id for spec in request.jobs}, set()
+        for i, p in enumerate(request.profiles):  # a profile of no job, or a second one, would be dropped
+            if p.job_id not in ids:
+                problems.append(f"profiles[{i}].job_id: {shown(p.job_id)} is not the job_id of any of jobs")
+            elif p.job_id in profiled:
+                problems.append(f"profiles[{i}].job_id: {shown(p.job_id)} has a profile already")
+            profiled.add(p.job_id)
         records: list[JobRecord | None] = []
         seen: dict[str, common_pb2.JobSpec] = {}
         now = time.time()
         for i, spec in enumerate(request.jobs):
-            where = f"jobs[{i}] ({spec.job_id!r})"
+            where = f"jobs[{i}] ({shown(spec.job_id)})"
             try:
                 job = convert.workload_job(spec, hints.get(spec.job_id))
             except SpecError as exc:
@@ -79,10 +88,10 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             if gpus and job.max_gpus > gpus:
                 problems.append(f"{where}: max_gpus: {job.max_gpus} GPUs asked, the cluster has {gpus}")
             for g, t in job.profile.items():
-                if g < 1 or not t > 0:
+                if g < 1 or not 0 < t < math.inf:
                     problems.append(f"{where}: profile: {t!r} seconds per epoch on {g} GPUs")
             for g, k, t in placements.get(spec.job_id, ()):
-                if not 1 <= k <= g or not t > 0:
+                if not 1 <= k <= g or not 0 < t < math.inf:
                     problems.append(f"{where}: profile placement: {t!r} seconds per epoch on {g} GPUs over {k} nodes")
             if spec.job_id in seen:
                 if seen[spec.job_id] != spec:
@@ -102,8 +111,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
 
     @grpc_errors
     async def CancelJob(self, request, context):
-        if not request.job_id:
-            await abort_invalid(context, "job_id", "is required")
+        problem = validation.id_problem("job_id", request.job_id)
+        if problem:
+            await abort_invalid(context, *problem)
         await self._leading(context)
         r = await self.dispatcher.cancel(request.job_id)
         if r is None:
@@ -116,6 +126,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
 
     @grpc_errors
     async def WatchJobs(self, request, context):
+        await _check_ids(context, request.job_ids)
         wanted = set(request.job_ids)
         q = self.dispatcher.watch_jobs()
         try:
@@ -136,10 +147,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         for i, state in enumerate(request.states):
             if state == common_pb2.JOB_STATE_UNSPECIFIED or state not in common_pb2.JobState.values():
                 await abort_invalid(context, f"states[{i}]", f"{state} is not a job state")
-        for i, job_id in enumerate(request.job_ids):
-            problem = validation.id_problem(f"job_ids[{i}]", job_id)
-            if problem:
-                await abort_invalid(context, *problem)
+        await _check_ids(context, request.job_ids)
         states = {common_pb2.JobState.Name(s).removeprefix("JOB_STATE_") for s in request.states}
         wanted = set(request.job_ids)
         version = self.dispatcher.plan_version
@@ -179,6 +187,14 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except logs.NodeFailed as exc:
             await abort(context, grpc.StatusCode.UNAVAILABLE, f"logs could not be read: {exc}")
+
+
+async def _check_ids(context, job_ids) -> None:
+    """INVALID_ARGUMENT for the first malformed id of job_ids (an id no job can have would match nothing)."""
+    for i, job_id in enumerate(job_ids):
+        problem = validation.id_problem(f"job_ids[{i}]", job_id)
+        if problem:
+            await abort_invalid(context, *problem)
 
 
 async def build_report(d: Dispatcher) -> tuple[report.Figures, list, dict | None, float]:

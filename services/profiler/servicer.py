@@ -1,7 +1,8 @@
 """omru.v1.ProfilerService: measured epoch times on 1, 2, 4, ... GPUs.
 
 `Profile` checks the request (INVALID_ARGUMENT naming the field: unknown
-model or data set, zero batch, a GPU count above the cluster's), serves a
+model or data set, zero batch, a GPU count above the cluster's, a value over
+the input limits), serves a
 stored profile when one covers the counts asked (unless refresh), else runs
 one trial per missing count through the executors (`trials`), turns
 steady-state iteration time x iterations per epoch into epoch seconds, fits
@@ -20,12 +21,14 @@ import time
 
 import grpc
 
+from omru.spec import MAX_NAME
 from omru.v1 import profiler_pb2, profiler_pb2_grpc
 from services.common.errors import abort, abort_invalid, grpc_errors
 from services.common.logging import get_logger
 from services.profiler import convert, fit
 from services.profiler.store import ProfileStore, StoredPoint, StoredProfile
 from services.profiler.trials import ExecutorTrials, TrialFailed
+from services.registry import validation
 
 log = get_logger(__name__)
 S = profiler_pb2
@@ -119,6 +122,9 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
     @grpc_errors
     async def GetProfile(self, request, context):
         _, spec = await self._job(request, context)
+        problem = validation.text_problem("gpu_kind", request.gpu_kind, MAX_NAME)
+        if problem:
+            await abort_invalid(context, *problem)
         kind = request.gpu_kind or (await self._shape(context)).main_kind()
         key = convert.key(spec, kind, 1, request.full_epoch)
         found = [p for p in await self.store.family(key) if p.key.full_epoch == request.full_epoch]

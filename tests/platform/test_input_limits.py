@@ -5,11 +5,18 @@ echoed value cut short; nothing of a refused request is stored."""
 from __future__ import annotations
 
 import grpc
+import pytest
 
-from omru.spec import MAX_GPUS_PER_NODE, shown
-from omru.v1 import common_pb2, registry_pb2
+from omru import workload
+from omru.spec import MAX_GPUS_PER_NODE, SpecError, shown
+from omru.v1 import common_pb2, executor_pb2, planner_pb2, profiler_pb2, registry_pb2
 from platform_helpers import register_request, rpc_error
 from services.common.errors import MAX_MESSAGE, bounded
+from services.executor import convert as executor_convert
+from services.executor.supervisor import DirectiveError
+from services.planner import convert as planner_convert
+from tests.planner_service.planner_helpers import node_request, planner, spec
+from tests.profiler.profiler_helpers import profiler, tiny_job
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 MB = "a" * (1 << 20)
@@ -64,3 +71,85 @@ async def test_registry_bounds_gpus_per_node_kinds_and_ids_and_stores_nothing_re
 
     await registry_stub.RegisterNode(register_request("node-f", slots=MAX_GPUS_PER_NODE, ttl=60))  # the limit itself
     assert ("node-f", 256) in _nodes(await registry_stub.ListNodes(registry_pb2.ListNodesRequest()))
+
+
+async def _refused(call) -> str:
+    error = await rpc_error(call)
+    assert error.code() == INVALID, error.details()
+    return error.details()
+
+
+async def test_planner_refuses_what_it_would_lose_or_change_and_stores_nothing(etcd, registry, registry_stub, etcd_store,
+                                                                              free_port):
+    await registry_stub.RegisterNode(node_request("n0", 2, free_port()))
+    async with planner(etcd.endpoint, registry.address) as (_, d, stub):
+        def submit(*jobs, profiles=()):
+            return stub.SubmitJobs(planner_pb2.SubmitJobsRequest(jobs=jobs, profiles=profiles), timeout=10)
+
+        assert await _refused(submit(spec("mm", min_gpus=2, max_gpus=1))) == \
+            "jobs[0] ('mm'): max_gpus: 1 is below min_gpus (2)"
+        assert await _refused(submit(spec("neg", max_gpus=-3))) == \
+            "jobs[0] ('neg'): max_gpus: -3 is negative (0 = any number)"
+        assert await _refused(submit(spec("lr", base_lr=float("inf")))) == \
+            "jobs[0] ('lr'): base_lr: inf is not a finite number"
+        assert await _refused(submit(spec(MB))) == \
+            f"jobs[0] ({MB_SHOWN}): job_id: {MB_SHOWN} is not a valid id ([A-Za-z0-9._-], 1..128 characters, " \
+            "not starting with . _ -)"
+        assert await _refused(submit(spec("w", workdir="/" + MB))) == \
+            f"jobs[0] ('w'): workdir: '/{'a' * 63}'...(1048577 chars) is longer than 4096 characters"
+        assert await _refused(submit(spec("p"), profiles=[planner_pb2.JobProfile(job_id="q", epoch_seconds={1: 3.0})])) \
+            == "profiles[0].job_id: 'q' is not the job_id of any of jobs"
+        twice = [planner_pb2.JobProfile(job_id="p", epoch_seconds={1: 3.0}), planner_pb2.JobProfile(job_id="p", epoch_seconds={1: 4.0})]
+        assert await _refused(submit(spec("p"), profiles=twice)) == "profiles[1].job_id: 'p' has a profile already"
+        assert "profile: inf seconds per epoch on 1 GPUs" in await _refused(
+            submit(spec("p"), profiles=[planner_pb2.JobProfile(job_id="p", epoch_seconds={1: float("inf")})]))
+        many = await _refused(submit(*(spec(f"j{i}", model="m" * 200) for i in range(300))))
+        assert many.startswith("jobs[0] ('j0'): model: unknown model") and len(many.encode()) <= MAX_MESSAGE
+        assert many.endswith(" chars)")
+
+        assert MB_SHOWN in await _refused(stub.CancelJob(planner_pb2.CancelJobRequest(job_id=MB), timeout=5))
+        assert await _refused(stub.WatchJobs(planner_pb2.WatchJobsRequest(job_ids=["ok", "bad id"]), timeout=5).read()) \
+            == "job_ids[1]: 'bad id' is not a valid id ([A-Za-z0-9._-], 1..128 characters, not starting with . _ -)"
+        kvs, _ = await etcd_store.list("planner/jobs/")
+        assert kvs == []
+
+        await submit(spec("ok", min_gpus=1, max_gpus=2, warmup_epochs=2))  # honoured exactly
+        stored = await d.state.job("ok")
+        assert (stored.max_gpus, stored.spec["min_gpus"], stored.spec["warmup_epochs"], stored.spec["lr_decay"]) == (2, 1, 2, "none")
+
+
+async def test_profiler_refuses_long_fields_as_invalid_argument_not_unavailable(etcd, registry):
+    async with profiler(etcd.endpoint, registry.address) as stub:
+        for request, field in (
+                (profiler_pb2.GetProfileRequest(job=tiny_job(dataset="imagefolder:/" + MB)), "job.dataset"),
+                (profiler_pb2.GetProfileRequest(job=tiny_job(model=MB)), "job.model"),
+                (profiler_pb2.GetProfileRequest(job=tiny_job(job_id=MB)), "job.job_id"),
+                (profiler_pb2.GetProfileRequest(job=tiny_job(), gpu_kind=MB), "gpu_kind"),
+                (profiler_pb2.GetProfileRequest(job=tiny_job(command=["python", MB], model="", dataset="")), "job.command[1]")):
+            details = await _refused(stub.GetProfile(request, timeout=10))
+            assert details.startswith(f"{field}: ") and "(10485" in details and len(details) < 300, details
+        details = await _refused(stub.Profile(profiler_pb2.ProfileRequest(job=tiny_job(env={"X": MB}, model="", dataset="",
+                                                                                       command=["python"])), timeout=10).read())
+        assert details == f"job.env[X]: {MB_SHOWN} is longer than 4096 characters"
+
+
+def test_executor_directives_are_bounded_naming_the_field():
+    job = common_pb2.JobSpec(job_id="j", model="resnet18", dataset="digits", epochs=1, batch_size=8, base_lr=0.1)
+    d = executor_pb2.Directive(directive_id="d1", kind=executor_pb2.DIRECTIVE_KIND_START, job=job,
+                               gpus=[common_pb2.GpuRef(node_id="n", index=0)], checkpoint_dir="/" + MB)
+    with pytest.raises(DirectiveError) as err:
+        executor_convert.directive(d)
+    assert err.value.field == "directive.checkpoint_dir"
+    d.checkpoint_dir, d.job.max_gpus, d.job.min_gpus = "/ckpt", 1, 2
+    with pytest.raises(DirectiveError) as err:
+        executor_convert.directive(d)
+    assert str(err.value) == "directive.job.max_gpus: 1 is below min_gpus (2)"
+
+
+def test_the_sdk_cannot_submit_what_the_job_spec_would_lose():
+    from services.executor.worker.spec import TrainSpec
+
+    job = workload.WorkloadJob(spec=TrainSpec(job_id="a", model="resnet18", lr_decay="cosine"))
+    with pytest.raises(SpecError) as err:
+        planner_convert.job_spec(job)
+    assert err.value.field == "lr_decay"
