@@ -42,7 +42,11 @@ one the workers accept.
 
 `load(path)` / `parse(text)` return a `Workload` or raise `WorkloadError`,
 which lists *every* problem found (one per line, each naming the job and the
-field), never just the first. A job id given twice with the same fields is
+field), never just the first. Nothing is dropped or changed silently: a key
+given twice in one mapping is a problem (naming the key and its lines), and
+so is a value the cluster's JobSpec cannot carry as written (the
+lr_decay 'cosine' of `omru train`, a fractional warmup_epochs, a number over
+its int32) or one over the input limits (README, "Input limits"). A job id given twice with the same fields is
 one job; the same id with different fields is a problem. With
 ``cluster_gpus`` the loader also rejects jobs that need more GPUs than the
 cluster has.
@@ -55,6 +59,9 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Mapping
 
+import yaml
+
+from omru.spec import shown
 from services.executor.worker.spec import SpecError, TrainSpec
 
 TOP_LEVEL = ("policy", "defaults", "jobs")
@@ -119,13 +126,37 @@ def load(path: str, cluster_gpus: int | None = None) -> Workload:
 
 def parse(text: str, cluster_gpus: int | None = None, source: str = "workload") -> Workload:
     """Validate workload YAML `text`; raises `WorkloadError` listing every problem."""
-    import yaml
-
+    loader = _Loader(text)
     try:
-        data = yaml.safe_load(text)
+        data = loader.get_single_data()
     except yaml.YAMLError as exc:
         raise WorkloadError([f"not valid YAML: {exc}"], source) from None
+    finally:
+        loader.dispose()
+    if loader.duplicates:
+        raise WorkloadError(loader.duplicates, source)
     return from_dict(data, cluster_gpus=cluster_gpus, source=source)
+
+
+class _Loader(yaml.SafeLoader):
+    """safe_load that records each key given twice in one mapping (YAML itself keeps the last)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.duplicates: list[str] = []
+
+    def construct_mapping(self, node, deep=False):
+        first: dict = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # (a merged key may be overridden; complex keys are left to the constructor)
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in first:
+                self.duplicates.append(f"line {line}: key {shown(key)} given twice in one mapping (first on line {first[key]})")
+            else:
+                first[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def from_dict(data, cluster_gpus: int | None = None, source: str = "workload") -> Workload:
@@ -161,7 +192,7 @@ def from_dict(data, cluster_gpus: int | None = None, source: str = "workload") -
             inherited = {k: v for k, v in inherited.items() if k not in _ZOO_FIELDS}
         merged = {**inherited, **raw}
         job_id = raw.get("id")
-        where = f"job {job_id!r}" if isinstance(job_id, str) and job_id else f"jobs[{i}]"
+        where = f"job {shown(job_id)}" if isinstance(job_id, str) and job_id else f"jobs[{i}]"
         job, errs = _job(merged, where, cluster_gpus)
         problems += errs
         if job is None:
@@ -229,7 +260,14 @@ def _job(raw: dict, where: str, cluster_gpus: int | None) -> tuple[WorkloadJob |
     problems += errs
     if problems:
         return None, problems
-    return WorkloadJob(spec=spec, max_gpus=max_gpus, profile=profile), []
+    job = WorkloadJob(spec=spec, max_gpus=max_gpus, profile=profile)
+    try:  # what the planner would refuse, or the JobSpec could not carry as written
+        from services.planner import convert
+
+        convert.workload_job(convert.job_spec(job))
+    except SpecError as exc:
+        return None, [f"{where}: {exc}"]
+    return job, []
 
 
 _PLACEHOLDER_MODEL = "resnet18"

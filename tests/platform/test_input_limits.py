@@ -8,8 +8,10 @@ import grpc
 import pytest
 
 from omru import workload
+from omru.cli.main import main as omru_main
 from omru.spec import MAX_GPUS_PER_NODE, SpecError, shown
 from omru.v1 import common_pb2, executor_pb2, planner_pb2, profiler_pb2, registry_pb2
+from omru.workload import WorkloadError
 from platform_helpers import register_request, rpc_error
 from services.common.errors import MAX_MESSAGE, bounded
 from services.executor import convert as executor_convert
@@ -153,3 +155,41 @@ def test_the_sdk_cannot_submit_what_the_job_spec_would_lose():
     with pytest.raises(SpecError) as err:
         planner_convert.job_spec(job)
     assert err.value.field == "lr_decay"
+
+
+JOB = "jobs:\n  - id: a\n    model: resnet18\n    epochs: 3\n"
+
+
+@pytest.mark.parametrize("extra, problem", [
+    ("    lr_decay: cosine\n", "job 'a': lr_decay: 'cosine' cannot be submitted: the cluster's JobSpec has no lr_decay"),
+    ("    warmup_epochs: 2.5\n", "job 'a': warmup_epochs: must be a whole number of epochs to be submitted "
+                                 "(JobSpec counts whole epochs), got 2.5"),
+    ("    epochs: 4\n", "line 5: key 'epochs' given twice in one mapping (first on line 4)"),
+    ("    train_samples: 3000000000\n", "job 'a': train_samples: must be below 2**31 to fit the JobSpec, got 3000000000"),
+    ("    min_gpus: 2\n    max_gpus: 1\n", "job 'a': max_gpus: must be >= min_gpus (2), got 1"),
+    ("    dataset: imagefolder:/" + "d" * 5000 + "\n", "job 'a': dataset: 'imagefolder:/ddd"),
+])
+def test_a_workload_field_that_would_be_lost_is_refused_naming_it(extra, problem):
+    with pytest.raises(WorkloadError) as err:
+        workload.parse(JOB + extra)
+    assert len(err.value.problems) == 1 and err.value.problems[0].startswith(problem), err.value.problems
+
+
+def test_duplicate_keys_are_found_in_every_mapping_but_a_merged_key_may_be_overridden():
+    text = "defaults: &d\n  epochs: 2\n  epochs: 3\njobs:\n  - <<: *d\n    id: a\n    model: resnet18\n    epochs: 4\n    id: b\n"
+    with pytest.raises(WorkloadError) as err:
+        workload.parse(text)
+    assert err.value.problems == ["line 3: key 'epochs' given twice in one mapping (first on line 2)",
+                                  "line 9: key 'id' given twice in one mapping (first on line 6)"]
+    w = workload.parse("defaults: &d\n  epochs: 2\njobs:\n  - <<: *d\n    id: a\n    model: resnet18\n    epochs: 4\n"
+                       "    warmup_epochs: 2.0\n")
+    assert (w.jobs[0].spec.epochs, planner_convert.job_spec(w.jobs[0]).warmup_epochs) == (4, 2)
+
+
+def test_omru_submit_refuses_a_bad_workload_with_exit_code_2(tmp_path, capsys):
+    path = tmp_path / "w.yaml"
+    path.write_text(JOB + "    lr_decay: cosine\n    warmup_epochs: 0.5\n")
+    # (no planner at this address: the file is refused before any call)
+    assert omru_main(["submit", str(path), "--planner", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("omru submit: error: ") and "lr_decay: 'cosine'" in err
