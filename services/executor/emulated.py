@@ -4,8 +4,10 @@ resizes at epoch boundaries, checkpoint files) with emulated workers.
 `EmulatedRuntime` replaces only the worker processes (supervisor.Runtime): an
 attempt's local ranks are one asyncio task that reports what a worker reports
 (started, epoch_done, stopped, finished) but sleeps instead of training. It
-reports started once its ranks met, then spends ``resize_cost_s / speed``
-(the start's cost; so each restart after a resize pays it too); each
+reports started once its ranks met; an attempt that resumes from a
+checkpoint (a restart after a resize, a preemption or a lost node) then
+spends ``resize_cost_s / speed`` (the core's resize cost: a job's first
+start, like its first planned segment, pays none); each
 epoch takes ``epoch_seconds(gpus, nodes spanned) / speed`` wall seconds from the
 job's profile (the "hardware truth"), times a lognormal factor of mean 1 and
 coefficient of variation ``noise`` drawn from (seed, job, epoch).
@@ -94,7 +96,7 @@ class Emulation:
     jobs: Mapping[str, Job]  # the profiles, by job id
     speed: float = 1.0
     noise: float = 0.0
-    resize_cost_s: float = 0.0  # job seconds a start costs
+    resize_cost_s: float = 0.0  # job seconds a restart from a checkpoint costs
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -217,7 +219,8 @@ class EmulatedGroup:
             self._emit("started", rank=rank, start_epoch=start, backend="emulated", device=EMULATED_KIND, lr=lr,
                        global_batch=self.attempt.world_size * self.spec.batch_size,
                        resumed_from=found[-1][1] if found else "")
-        await asyncio.sleep(em.resize_cost_s / em.speed)  # the start's cost: the GPUs are held, nothing trains
+        if found:  # the restart's cost: the GPUs are held, nothing trains
+            await asyncio.sleep(em.resize_cost_s / em.speed)
         job = em.jobs[self.spec.job_id]
         true_s = epoch_seconds(job, self.attempt.world_size, nodes, self.runtime.devices)
         began = time.time()
