@@ -59,6 +59,17 @@ def test_segments_spread_over_nodes_are_charged_the_placement_time():
     assert validate.violations(plan(("a", 0.0, 3.0, (0, 1), 1)), p) == []
 
 
+def test_a_spread_the_table_does_not_give_costs_the_slowest_measured_over_fewer_nodes():
+    # 4 GPUs measured on 1 node (the profile), over 2 and 3 nodes; not over 4
+    j = Job("a", 1, {1: 40.0, 2: 20.0, 3: 14.0, 4: 10.0}, placement={(4, 2): 30.0, (4, 3): 20.0})
+    assert [j.epoch_seconds(4, k) for k in (1, 2, 3, 4)] == [10.0, 30.0, 20.0, 30.0]
+    assert Job("b", 1, {4: 10.0}, placement={(4, 3): 20.0}).epoch_seconds(4, 2) == 10.0  # nothing slower measured
+    # the validator charges the same: a 4-node segment timed at the profile's 10 s is refused
+    p = problem([j], gpus=4, gpus_per_node=1)
+    assert any("need 30" in v for v in validate.violations(plan(("a", 0.0, 10.0, (0, 1, 2, 3), 1)), p))
+    assert validate.violations(plan(("a", 0.0, 30.0, (0, 1, 2, 3), 1)), p) == []
+
+
 def test_a_job_listed_as_unplaced_must_have_no_epochs_and_others_still_all_theirs():
     only_b = plan(("b", 0.0, 8.0, (0,), 1), unplaced=(Unplaced("a", "no room"),))
     assert validate.violations(only_b, P) == []

@@ -10,11 +10,19 @@ policies, checked by the validator where it applies): a job's `arrival_s`
 (no segment starts before it), its `requested_gpus` (for rigid baselines),
 `placement` epoch times keyed by (GPU count, nodes spanned), and the input's
 `resize_cost_s` (the price of changing a running job's GPU set).
+
+A spread the placement table does not give is timed by one conservative rule
+(`Job.epoch_seconds`), which every policy and the validator share: the
+slowest time measured for that GPU count over fewer nodes (the profile's
+time counts as the tightest placement). A spread is never assumed faster than
+a tighter one measured, and one wider than any measured costs at least the
+slowest measured.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
@@ -61,6 +69,13 @@ class Job:
                 raise PlanningError(f"job {self.id!r}: epoch time on {key[0]} GPUs over {key[1]} nodes must be positive, got {t!r}")
         object.__setattr__(self, "profile", MappingProxyType(dict(sorted(self.profile.items()))))
         object.__setattr__(self, "placement", MappingProxyType(dict(sorted(self.placement.items()))))
+        # per GPU count with measured spreads: (nodes ascending, the slowest time up to each)
+        spreads: dict[int, tuple[list[int], list[float]]] = {}
+        for (g, k), t in self.placement.items():
+            ks, slowest = spreads.setdefault(g, ([], []))
+            ks.append(k)
+            slowest.append(max(t, slowest[-1] if slowest else self.profile.get(g, t)))
+        object.__setattr__(self, "_spreads", spreads)
 
     def __getstate__(self) -> dict:  # (pickled to a planning process: a mappingproxy is not picklable)
         return _unproxied(self)
@@ -69,9 +84,17 @@ class Job:
         _reproxied(self, state)
 
     def epoch_seconds(self, gpus: int, nodes: int | None = None) -> float:
-        """Seconds per epoch on `gpus` GPUs; spread over `nodes` nodes when the placement table knows."""
-        if nodes is not None and (gpus, nodes) in self.placement:
-            return self.placement[(gpus, nodes)]
+        """Seconds per epoch on `gpus` GPUs; spread over `nodes` nodes, the placement table's time, or for a
+        spread it does not give, the slowest it gives for `gpus` over fewer nodes (or the profile's)."""
+        if nodes is not None:
+            t = self.placement.get((gpus, nodes))
+            if t is not None:
+                return t
+            measured = self._spreads.get(gpus)
+            if measured is not None:
+                fewer = bisect_left(measured[0], nodes)
+                if fewer:
+                    return max(measured[1][fewer - 1], self.profile.get(gpus, 0.0))
         try:
             return self.profile[gpus]
         except KeyError:

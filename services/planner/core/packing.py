@@ -208,10 +208,9 @@ class Packer:
     def _menu(self, job) -> Menu:
         u, G = self.unit, self.p.cluster.gpus
         tau = np.fromiter(job.profile.values(), float, G)[u - 1::u].copy()  # t(m u), PlanningInput covers 1..G
-        for m in range(1, self.units + 1):  # the placement's time where the job has one
-            t = job.placement.get((m * u, m if self.by_node else 1))
-            if t is not None:
-                tau[m - 1] = t
+        if job.placement:
+            for m in range(1, self.units + 1):  # the placement's time where the job has one
+                tau[m - 1] = job.epoch_seconds(m * u, m if self.by_node else 1)
         return Menu(tau, fluid.hull_of(tau * job.epochs).counts, u)
 
     # ------------------------------------------------------------ the grid plan
