@@ -37,8 +37,10 @@ planner's view of free GPUs never runs ahead of the executors.
 Profiles: a job submitted with epoch times (workload `profile:`) uses them;
 otherwise the profiler service measures it. Every epoch an executor reports
 refines them: the planner plans with the mean epoch time observed at each GPU
-count, and scales the counts not yet seen by the observed/profiled ratio
-(`corrected_profile`; off with learn_profiles=False). Start overhead (directive sent ->
+count once it settled away from the profile's (at least 3 epochs, off by more
+than 3 standard errors: noise alone moves no plan), and scales the other
+counts by the observed/profiled ratio (`corrected_profile`; off with
+learn_profiles=False). Start overhead (directive sent ->
 first epoch done, minus that epoch's own seconds) is measured on every
 attempt; until the first measurement the configured prior is used.
 """
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import time
 from dataclasses import replace
@@ -86,6 +89,10 @@ REPLAN_LATE = 0.05
 #: A job whose mean epoch time departs from the plan's by more than this share (and enough to move its
 #: end by more than REPLAN_LATE of the plan's makespan) makes the planner replan.
 REPLAN_DEVIATION = 0.10
+#: Observed epoch times change a plan (a replan, the profile planned with) only from this many epochs on,
+#: and only when their mean is off by more than SIGNIFICANCE standard errors (`settled`).
+MIN_EPOCHS_SEEN = 3
+SIGNIFICANCE = 3.0
 #: Problems of at least this many (job, GPU count) epoch times plan in a child process, not a thread.
 PROCESS_PLAN_MIN = 20_000
 #: Wall seconds a policy that searches (omru's `deadline_s`) may take: a replan while jobs run, and a plan
@@ -122,34 +129,58 @@ def epoch_table(profile: Mapping[int, float], gpus: int, min_gpus: int = 1, max_
 
 
 def observe(observed: Mapping[int, Sequence[float]], gpus: int, seconds: float) -> dict[int, list[float]]:
-    """`observed` with one more epoch of `seconds` on `gpus` GPUs folded into its running mean."""
-    mean, n = observed.get(gpus, (0.0, 0))
+    """`observed` with one more epoch of `seconds` on `gpus` GPUs folded into its running statistics
+    [mean, epochs, sum of squared deviations] (Welford's update)."""
+    mean, n, m2 = stats(observed.get(gpus))
     out = {k: list(v) for k, v in observed.items()}
-    out[gpus] = [(mean * n + seconds) / (n + 1), int(n) + 1]
+    n += 1
+    delta = seconds - mean
+    mean += delta / n
+    out[gpus] = [mean, n, m2 + delta * (seconds - mean)]
     return out
 
 
+def stats(seen: Sequence[float] | None) -> tuple[float, int, float]:
+    """(mean, epochs, sum of squared deviations) of an `observe` entry (records stored before the third
+    field read as no spread)."""
+    if not seen:
+        return 0.0, 0, 0.0
+    return float(seen[0]), int(seen[1]), float(seen[2]) if len(seen) > 2 else 0.0
+
+
+def settled(seen: Sequence[float] | None, expected_s: float) -> float | None:
+    """The observed mean epoch time when it really differs from `expected_s`: at least MIN_EPOCHS_SEEN
+    epochs, off by more than SIGNIFICANCE standard errors of their mean (epoch times that vary as much
+    as they differ say nothing yet); None otherwise."""
+    mean, n, m2 = stats(seen)
+    if n < MIN_EPOCHS_SEEN or mean <= 0:
+        return None
+    standard_error = math.sqrt(m2 / (n - 1) / n)
+    return mean if abs(mean - expected_s) > SIGNIFICANCE * standard_error else None
+
+
 def corrected_profile(profile: Mapping[int, float], observed: Mapping[int, Sequence[float]]) -> dict[int, float]:
-    """The profile as the cluster runs it: counts seen running take their
-    observed mean epoch time; the others are scaled by the mean ratio observed /
-    profiled over the counts seen (so a job that runs slower side by side than
-    it profiled alone is planned slower at every count)."""
-    seen = {g: float(m) for g, (m, n) in observed.items() if n > 0 and m > 0}
-    ratios = [seen[g] / profile[g] for g in seen if profile.get(g, 0) > 0]
+    """The profile as the cluster runs it: counts whose observed mean settled away from the profile's time
+    (`settled`) take it; the others are scaled by the mean ratio observed / profiled over those (so a job
+    that runs slower side by side than it profiled alone is planned slower at every count)."""
+    table = epoch_table(profile, max(observed, default=1))
+    seen = {g: m for g, v in observed.items() if (m := settled(v, table[g])) is not None}
+    ratios = [seen[g] / table[g] for g in seen]
     scale = sum(ratios) / len(ratios) if ratios else 1.0
     out = {g: t * scale for g, t in profile.items()}
     out.update(seen)
     return out
 
 
-def departs(planned_s: float, mean_s: float, epochs_seen: int, epochs_left: int, makespan_s: float) -> bool:
-    """True when a job's mean epoch time over epochs_seen (>= 2) epochs is off the plan's by more than
-    REPLAN_DEVIATION and, over its epochs_left, moves its end by more than the slack lateness has
+def departs(planned_s: float, seen: Sequence[float] | None, epochs_left: int, makespan_s: float) -> bool:
+    """True when a job's observed mean epoch time settled away from the plan's (`settled`), by more than
+    REPLAN_DEVIATION, and over its epochs_left moves its end by more than the slack lateness has
     (REPLAN_LATE of the plan's makespan). A job near its end, or one of many short epochs off by noise,
     changes no plan: replanning a thousand jobs for it costs more than it could gain."""
-    if planned_s <= 0 or epochs_seen < 2 or abs(mean_s / planned_s - 1) <= REPLAN_DEVIATION:
+    mean = settled(seen, planned_s) if planned_s > 0 else None
+    if mean is None or abs(mean / planned_s - 1) <= REPLAN_DEVIATION:
         return False
-    return abs(mean_s - planned_s) * epochs_left > REPLAN_LATE * makespan_s
+    return abs(mean - planned_s) * epochs_left > REPLAN_LATE * makespan_s
 
 
 # --- the engine ---------------------------------------------------------------
@@ -607,9 +638,8 @@ class Dispatcher:
         """True (once per plan and job) when the job's mean epoch time at its size departs from the plan's
         (`departs`)."""
         planned = self._tau.get(r.job_id, {}).get(world_size)
-        mean, n = r.observed.get(world_size, (0.0, 0))
         if not planned or r.job_id in self._deviated or not departs(
-                planned, mean, n, r.epochs - r.epochs_done, self._plan_makespan):
+                planned, r.observed.get(world_size), r.epochs - r.epochs_done, self._plan_makespan):
             return False
         self._deviated.add(r.job_id)
         return True

@@ -58,7 +58,7 @@ class JobRecord:
     max_gpus: int = 0
     profile: dict = field(default_factory=dict)  # {gpus(int): epoch seconds}
     placement: tuple = ()  # ((gpus, nodes, epoch seconds), ...): measured spread placements
-    observed: dict = field(default_factory=dict)  # {gpus(int): [mean epoch seconds seen, epochs seen]}
+    observed: dict = field(default_factory=dict)  # {gpus(int): [mean epoch seconds, epochs, sum of squared deviations]}
     state: str = PENDING
     epochs_done: int = 0
     world_size: int = 0
@@ -110,7 +110,7 @@ class JobRecord:
     def from_json(cls, data: bytes, revision: int = 0) -> "JobRecord":
         d = json.loads(data)
         d["profile"] = {int(k): float(v) for k, v in d.get("profile", {}).items()}
-        d["observed"] = {int(k): [float(m), int(n)] for k, (m, n) in d.get("observed", {}).items()}
+        d["observed"] = {int(k): [float(v[0]), int(v[1]), *map(float, v[2:3])] for k, v in d.get("observed", {}).items()}
         d["gpus"] = tuple((n, int(i)) for n, i in d.get("gpus", ()))
         d["target"] = tuple((n, int(i)) for n, i in d.get("target", ()))
         d["releasing"] = tuple((n, int(i)) for n, i in d.get("releasing", ()))

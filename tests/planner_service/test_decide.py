@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from services.planner.dispatcher import corrected_profile, departs, epoch_table, observe
+from services.planner.dispatcher import corrected_profile, departs, epoch_table, observe, settled
 from services.planner.follow import Live, Step, blockers, follow, late
 
 N0 = [("n0", 0), ("n0", 1)]
@@ -136,30 +136,52 @@ def test_the_epoch_table_covers_every_count_without_inventing_speed_up():
     assert epoch_table({1: 5.0, 2: 3.0}, gpus=2, min_gpus=2)[1] == 500.0
 
 
-def test_observed_epochs_fold_into_a_running_mean_per_gpu_count():
-    seen = observe({}, 2, 10.0)
-    seen = observe(seen, 2, 14.0)
-    seen = observe(seen, 1, 30.0)
-    assert seen == {2: [12.0, 2], 1: [30.0, 1]}
+def seen(*seconds: float, gpus: int = 2, observed=None) -> dict:
+    for t in seconds:
+        observed = observe(observed or {}, gpus, t)
+    return observed
+
+
+def test_observed_epochs_fold_into_running_statistics_per_gpu_count():
+    s = seen(30.0, gpus=1, observed=seen(10.0, 14.0))
+    assert s == {2: [12.0, 2, 8.0], 1: [30.0, 1, 0.0]}  # mean, epochs, sum of squared deviations
+
+
+def test_only_a_mean_that_settled_away_from_the_expected_time_counts():
+    assert settled(seen(12.0, 12.0, 12.0)[2], 10.0) == 12.0  # three steady epochs, 20 % off
+    assert settled(seen(12.0, 12.0)[2], 10.0) is None  # two epochs say nothing yet
+    # noisy epochs whose mean is off by less than 3 standard errors: noise, not a slower job
+    noisy = seen(9.0, 13.0, 10.0, 14.0)[2]  # mean 11.5, standard error 1.19
+    assert settled(noisy, 10.0) is None
+    assert settled(noisy, 7.0) == 11.5  # 3.8 standard errors off
+    assert settled([12.0, 5], 10.0) == 12.0  # a record stored before the spread was kept: no spread
 
 
 def test_a_job_departs_from_the_plan_only_when_it_moves_its_end_by_more_than_the_slack():
     # a plan of 10,000 s: the slack is 5 % of it, 500 s
-    assert departs(100.0, 120.0, 2, 50, 10_000.0)  # 20 % slow over 50 more epochs: 1,000 s later
-    assert not departs(100.0, 120.0, 2, 20, 10_000.0)  # the same, 20 epochs left: 400 s, within the slack
-    assert not departs(10.0, 12.0, 2, 200, 10_000.0)  # many short epochs, 20 % off: 400 s
-    assert departs(100.0, 70.0, 3, 50, 10_000.0)  # faster counts too: 1,500 s earlier
-    assert not departs(100.0, 109.0, 5, 1_000, 10_000.0)  # within REPLAN_DEVIATION
-    assert not departs(100.0, 200.0, 1, 1_000, 10_000.0)  # one epoch is no mean
+    slow = seen(120.0, 120.0, 120.0)[2]
+    assert departs(100.0, slow, 50, 10_000.0)  # 20 % slow over 50 more epochs: 1,000 s later
+    assert not departs(100.0, slow, 20, 10_000.0)  # the same, 20 epochs left: 400 s, within the slack
+    assert not departs(10.0, seen(12.0, 12.0, 12.0)[2], 200, 10_000.0)  # many short epochs, 20 % off: 400 s
+    assert departs(100.0, seen(70.0, 70.0, 70.0)[2], 50, 10_000.0)  # faster counts too: 1,500 s earlier
+    assert not departs(100.0, seen(109.0, 109.0, 109.0)[2], 1_000, 10_000.0)  # within REPLAN_DEVIATION
+    assert not departs(100.0, seen(200.0, 200.0)[2], 1_000, 10_000.0)  # two epochs are no mean yet
+    assert not departs(100.0, seen(60.0, 180.0, 90.0)[2], 1_000, 10_000.0)  # mean 110, but noise
 
 
 def test_the_profile_follows_what_the_cluster_measured():
     profile = {1: 20.0, 2: 10.0, 4: 6.0}
     assert corrected_profile(profile, {}) == profile
     # seen at 2 GPUs 50 % slower than profiled: 2 takes the measured time, the others scale by it
-    assert corrected_profile(profile, {2: [15.0, 3]}) == {1: 30.0, 2: 15.0, 4: 9.0}
-    # two counts seen: each keeps its measurement, the rest scale by the mean ratio (1.5 and 1.0)
-    assert corrected_profile(profile, {1: [30.0, 1], 2: [10.0, 4]}) == {1: 30.0, 2: 10.0, 4: 7.5}
+    assert corrected_profile(profile, seen(15.0, 15.0, 15.0)) == {1: 30.0, 2: 15.0, 4: 9.0}
+    # two counts seen: each keeps its measurement, the rest scale by the mean ratio (1.5 and 0.5)
+    both = seen(30.0, 30.0, 30.0, gpus=1, observed=seen(5.0, 5.0, 5.0, 5.0))
+    assert corrected_profile(profile, both) == {1: 30.0, 2: 5.0, 4: 6.0}
+    # epochs as noisy as they are off, or too few, leave the profile as it is
+    assert corrected_profile(profile, seen(8.0, 13.0, 11.0)) == profile
+    assert corrected_profile(profile, seen(15.0)) == profile
+    # a count the profile skips is judged against the time planned for it (the count below's)
+    assert corrected_profile(profile, seen(12.0, 12.0, 12.0, gpus=3))[3] == 12.0
 
 
 def test_observed_epoch_times_survive_the_etcd_record():
@@ -167,7 +189,7 @@ def test_observed_epoch_times_survive_the_etcd_record():
 
     r = JobRecord(spec={"job_id": "j", "epochs": 3}, profile={1: 20.0, 2: 10.0}, observed=observe({}, 2, 12.5))
     back = JobRecord.from_json(r.to_json())
-    assert back == r and back.observed == {2: [12.5, 1]}
+    assert back == r and back.observed == {2: [12.5, 1, 0.0]}
 
 
 
