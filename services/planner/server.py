@@ -93,7 +93,8 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
     parser.add_argument("--policy", default="", help="default planning policy (default: the planner's own)")
     parser.add_argument("--checkpoint-root", default="",
                         help="absolute path of the folder for the jobs' checkpoints, on storage every node mounts at "
-                             "that path; it must exist and be writable (default: <tmp>/omru-checkpoints, one machine)")
+                             "that path; it must be writable, and its parent must exist (default: "
+                             "<tmp>/omru-checkpoints, one machine)")
     parser.add_argument("--start-overhead", type=float, default=4.0,
                         help="seconds a job's start or restart is assumed to cost until one is measured (default 4)")
     parser.add_argument("--leader-ttl", type=int, default=15,
@@ -116,17 +117,24 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
 
 
 def check_checkpoint_root(root: str) -> str:
-    """root when it is "" (the default) or an absolute path to a folder this process can create files in;
-    else ConfigError naming it. The planner only names checkpoint folders: a root that is missing here
-    is, on a cluster, storage the head does not mount at that path, and jobs would lose their checkpoints."""
+    """root when it is "" (the default) or an absolute path to a folder this process can create files in
+    (made when only its last part is missing, as for a run's own work folder); else ConfigError naming it.
+    The planner only names checkpoint folders: a root whose parent is missing, or that it cannot write
+    to, is on a cluster storage not mounted (or not writable) where the directives point."""
     if not root:
         return root
     what = f"checkpoint root {root!r}"
     if not os.path.isabs(root):
         raise ConfigError(f"{what} is not an absolute path (every node must find it at the same path)")
-    if not os.path.isdir(root):
-        raise ConfigError(f"{what} {'is not a folder' if os.path.exists(root) else 'does not exist'}: "
-                          "mount the shared checkpoint storage there")
+    if not os.path.isdir(os.path.dirname(root.rstrip("/")) or "/"):
+        raise ConfigError(f"{what} does not exist, nor its parent: mount the shared checkpoint storage there")
+    try:
+        os.mkdir(root)
+    except FileExistsError:
+        if not os.path.isdir(root):
+            raise ConfigError(f"{what} is not a folder") from None
+    except OSError:
+        pass  # the write below says why
     try:  # a real write: permission bits say nothing for root, nor of a read-only mount
         fd, probe = tempfile.mkstemp(prefix=".omru-write-check-", dir=root)
         os.close(fd)

@@ -1,7 +1,8 @@
-"""The planner's --checkpoint-root is checked when it starts: a folder that is
-missing, not a folder, relative or not writable stops the planner process with
-one line naming it and exit code 2; a writable one lets it serve (and the
-check leaves nothing behind)."""
+"""The planner's --checkpoint-root is checked when it starts: a folder whose
+parent is missing, not a folder, relative or not writable stops the planner
+process with one line naming it and exit code 2; a writable one (made when
+only its last part is missing) lets it serve, and the check leaves nothing
+behind."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def read_only(folder) -> tuple[str, ...]:
 def test_a_checkpoint_root_the_planner_cannot_write_stops_it_with_one_line_and_exit_2(tmp_path, case):
     prefix: tuple[str, ...] = ()
     if case == "missing":
-        root, said = str(tmp_path / "not-mounted"), "does not exist"
+        root, said = str(tmp_path / "not-mounted" / "checkpoints"), "does not exist"
     elif case == "a file":
         (tmp_path / "file").write_text("")
         root, said = str(tmp_path / "file"), "is not a folder"
@@ -52,8 +53,7 @@ def test_a_checkpoint_root_the_planner_cannot_write_stops_it_with_one_line_and_e
 
 
 async def test_a_writable_checkpoint_root_lets_the_planner_serve_and_the_check_leaves_nothing(etcd, start_service, tmp_path):
-    root = tmp_path / "shared"
-    root.mkdir()
+    root = tmp_path / "shared"  # its parent exists: the planner makes it (as `omru emulate` expects)
     planner = await start_service("planner", "--etcd", etcd.endpoint, "--registry", "127.0.0.1:1",
                                   "--profiler", "127.0.0.1:1", "--checkpoint-root", str(root))
     assert planner.info["service"] == "planner" and planner.proc.poll() is None
