@@ -7,9 +7,11 @@ import asyncio
 import contextlib
 import os
 import socket
+import tempfile
 
 from omru.v1 import planner_pb2, planner_pb2_grpc
 from services.common import config as cfg
+from services.common.config import ConfigError
 from services.common.logging import get_logger
 from services.common.server import RunningServer, Service, run_main, serve_forever, service_name, start_server
 from services.planner.servicer import PlannerServicer
@@ -90,7 +92,9 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
     parser.add_argument("--profiler", required=True, help="profiler address host:port")
     parser.add_argument("--policy", default="", help="default planning policy (default: the planner's own)")
     parser.add_argument("--checkpoint-root", default="",
-                        help="folder for the jobs' checkpoints that every node sees (default: <tmp>/omru-checkpoints)")
+                        help="absolute path of the folder for the jobs' checkpoints, on storage every node mounts at "
+                             "that path; it must be writable, and its parent must exist (default: "
+                             "<tmp>/omru-checkpoints, one machine)")
     parser.add_argument("--start-overhead", type=float, default=4.0,
                         help="seconds a job's start or restart is assumed to cost until one is measured (default 4)")
     parser.add_argument("--leader-ttl", type=int, default=15,
@@ -105,11 +109,39 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
         registry=args.registry,
         profiler=args.profiler,
         policy=args.policy,
-        checkpoint_root=args.checkpoint_root,
+        checkpoint_root=check_checkpoint_root(args.checkpoint_root),
         start_overhead_s=args.start_overhead,
         time_scale=args.time_scale,
         leader_ttl_s=args.leader_ttl,
     )
+
+
+def check_checkpoint_root(root: str) -> str:
+    """root when it is "" (the default) or an absolute path to a folder this process can create files in
+    (made when only its last part is missing, as for a run's own work folder); else ConfigError naming it.
+    The planner only names checkpoint folders: a root whose parent is missing, or that it cannot write
+    to, is on a cluster storage not mounted (or not writable) where the directives point."""
+    if not root:
+        return root
+    what = f"checkpoint root {root!r}"
+    if not os.path.isabs(root):
+        raise ConfigError(f"{what} is not an absolute path (every node must find it at the same path)")
+    if not os.path.isdir(os.path.dirname(root.rstrip("/")) or "/"):
+        raise ConfigError(f"{what} does not exist, nor its parent: mount the shared checkpoint storage there")
+    try:
+        os.mkdir(root)
+    except FileExistsError:
+        if not os.path.isdir(root):
+            raise ConfigError(f"{what} is not a folder") from None
+    except OSError:
+        pass  # the write below says why
+    try:  # a real write: permission bits say nothing for root, nor of a read-only mount
+        fd, probe = tempfile.mkstemp(prefix=".omru-write-check-", dir=root)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"{what} is not writable by uid {os.geteuid()}: {exc.strerror}") from None
+    return root
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,9 +5,12 @@
     host-b   one executor (50060), node id host-b
 
 Every service listens on (and an executor advertises) its host's address
-only. Executors get ``slots`` CPU slots and a lease of ``ttl`` seconds. The
-planner puts checkpoints under ``work_dir/shared`` (one file system here, as
-shared storage is on a real cluster). The test process, on no host, reaches
+only. Executors get ``slots`` CPU slots, a lease of ``ttl`` seconds and a
+work folder of their own (``work_dir/<node>``: the lease file and logs are
+the node's). As deployed (deploy/README.md), one shared folder,
+``work_dir/shared`` (``checkpoints``), is at the same path on every host (the
+namespaces share the file system, as nodes mount shared storage) and is the
+planner's ``--checkpoint-root``. The test process, on no host, reaches
 the planner, the registry and etcd through `netns.Forward` loopback
 addresses: ``planner``, ``registry``, ``etcd_endpoint``.
 
@@ -81,9 +84,9 @@ class MultiHostCluster:
                        self.ready_timeout)
             self._spawn("profiler", self.head, "profiler", "--port", str(PROFILER_PORT), "--etcd", etcd,
                         "--registry", registry)
-            # the planner's checkpoint root is <tempdir>/omru-checkpoints: TMPDIR puts it on the shared folder
+            # as deployed: the shared folder, at the same path on every host, is the planner's checkpoint root
             self._spawn("planner", self.head, "planner", "--port", str(PLANNER_PORT), "--etcd", etcd, "--registry",
-                        registry, "--profiler", f"{head}:{PROFILER_PORT}", env={"TMPDIR": str(self.checkpoints)})
+                        registry, "--profiler", f"{head}:{PROFILER_PORT}", "--checkpoint-root", str(self.checkpoints))
             for node in NODES:
                 h = self.host(node)
                 self._spawn(node, h, "executor", "--port", str(EXECUTOR_PORT), "--advertise-host", h.address,

@@ -3,7 +3,8 @@
 A job spans the two hosts and trains with gloo across them. Cutting a
 host's cable, or killing its executor, is seen through the node's lease
 within TTL + 2 s; the planner replans and the job resumes from its last
-checkpoint on the other host, every epoch done once (but the one the fault
+checkpoint (in the shared folder that is the planner's --checkpoint-root) on
+the other host, every epoch done once (but the one the fault
 cut short). etcd restarted mid-run loses no job: the services reconnect by
 themselves and the batch completes.
 """
@@ -133,6 +134,9 @@ async def test_a_lost_host_is_seen_through_its_lease_and_its_job_resumes_on_the_
     assert after and {e.node_id for e in after} == {"host-a"}, after
     # it resumed from its last checkpoint: the epoch it resumed at had been done before the fault
     assert max(e.epoch for e in after) >= before["j"].epochs_done, (after, before)
+    # the checkpoints are where the planner's --checkpoint-root put them: the shared folder both hosts see
+    saved = list(multihost.checkpoints.glob("batch-*/j/epoch-*.pt"))
+    assert saved and max(int(p.stem.split("-")[1]) for p in saved) >= before["j"].epochs_done, saved
 
 
 async def test_etcd_restarted_mid_run_loses_no_job_and_the_services_reconnect_by_themselves(multihost):

@@ -1,0 +1,225 @@
+"""The deployment files, checked without a container engine: the Dockerfile's
+layout (what it copies exists and reaches the build context, non-root user,
+etcd's data folder, a head image without torch, a health check, pinned base
+and versioned tags) and every compose file (health checks that probe the
+service's own port, start order on health, log rotation, one shared
+checkpoint path for the planner and the executors). `.ci/run` also has
+docker-compose validate each compose file."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.common.cluster import REPO_ROOT, child_env
+
+DEPLOY = REPO_ROOT / "deploy"
+COMPOSE_FILES = sorted(DEPLOY.glob("*.compose.yml"))
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+VERSION = PYPROJECT["project"]["version"]
+#: What only training needs: none of it may reach the head image.
+TRAINING_ONLY = ("torch", "torchvision", "triton", "nvidia-", "cuda-", "nvidia-ml-py", "matplotlib", "scikit-learn")
+
+
+def name_of(requirement: str) -> str:
+    """The canonical distribution name of a requirement line ("PyYAML==6.0.3" -> "pyyaml")."""
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement.strip()).group(0)).lower()
+
+
+def stages() -> dict[str, list[tuple[str, str]]]:
+    """Dockerfile stage name -> its (INSTRUCTION, arguments), continuation lines joined, comments dropped;
+    "" holds what comes before the first FROM."""
+    text = re.sub(r"\\\n", " ", "\n".join(line for line in (DEPLOY / "Dockerfile").read_text().splitlines()
+                                          if not line.lstrip().startswith("#")))
+    out: dict[str, list[tuple[str, str]]] = {"": []}
+    current = ""
+    for line in filter(str.strip, text.splitlines()):
+        instruction, _, args = line.strip().partition(" ")
+        if instruction.upper() == "FROM":
+            m = re.fullmatch(r"(\S+)(?:\s+AS\s+(\S+))?", args.strip(), re.IGNORECASE)
+            current = m.group(2) or f"stage{len(out)}"
+            out[current] = []
+        out[current].append((instruction.upper(), args.strip()))
+    return out
+
+
+def chain(all_stages, name: str) -> list[str]:
+    """The stage and the stages it is built FROM, nearest first."""
+    names = [name]
+    while (base := all_stages[names[-1]][0][1].split()[0]) in all_stages:
+        names.append(base)
+    return names
+
+
+def inherited(all_stages, name: str, instruction: str) -> list[str]:
+    """Arguments of every `instruction` in the stage and its bases, in build order."""
+    return [a for s in reversed(chain(all_stages, name)) for i, a in all_stages[s] if i == instruction]
+
+
+def test_the_base_image_is_pinned_and_every_stage_builds_on_it_or_another_stage():
+    all_stages = stages()
+    base = dict(a.split("=", 1) for i, a in all_stages[""] if i == "ARG")["PYTHON_IMAGE"]
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-[a-z]+", base), base  # python as pyproject requires, patch pinned
+    for name, instructions in all_stages.items():
+        if name:
+            assert instructions[0][1].split()[0] in ("${PYTHON_IMAGE}", *all_stages), (name, instructions[0])
+
+
+def test_every_copied_source_exists_and_is_let_into_the_build_context():
+    allowed = [line[1:].rstrip("/") for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+               if line.startswith("!")]
+    sources = []
+    for instructions in stages().values():
+        for instruction, args in instructions:
+            if instruction == "COPY" and not args.startswith("--from="):
+                sources += args.split()[:-1]
+    assert sources
+    for source in sources:
+        assert (REPO_ROOT / source).exists(), f"COPY {source}: not in the repository"
+        assert any(source == a or source.startswith(a + "/") for a in allowed), f"COPY {source}: .dockerignore drops it"
+
+
+@pytest.mark.parametrize("image", ["head", "gpu"])
+def test_each_image_runs_as_the_non_root_service_user_who_owns_etcds_data_and_has_a_health_check(image):
+    all_stages = stages()
+    users = inherited(all_stages, image, "USER")
+    assert users and users[-1] == "omru", users
+    runs = " ".join(inherited(all_stages, image, "RUN"))
+    assert re.search(r"useradd .*--uid 10001 .*omru", runs), runs  # etcd's and the services' uid (README)
+    made = re.search(r"mkdir -p ([^&]+)", runs).group(1).split()
+    for folder in ("/var/lib/omru/etcd", "/var/lib/omru/node", "/var/lib/omru/checkpoints"):
+        assert folder in made, made
+    assert "chown -R omru:omru /var/lib/omru" in runs
+    checks = inherited(all_stages, image, "HEALTHCHECK")
+    assert checks and "services.common.health_probe" in checks[-1], checks
+
+
+def test_the_head_image_installs_the_head_requirements_and_the_package_without_its_dependencies():
+    all_stages = stages()
+    copied = [a for i, a in all_stages["head"] if i == "COPY" and a.startswith("--from=")]
+    assert copied == ["--from=build-head /opt/venv /opt/venv"], copied
+    pips = [a for s in chain(all_stages, "build-head") for i, a in all_stages[s] if i == "RUN" and "pip install" in a]
+    assert sorted(pips) == sorted(["/opt/venv/bin/pip install -c constraints.txt -r deploy/head-requirements.txt",
+                                   "/opt/venv/bin/pip install --no-deps ."]), pips
+    assert not any("etcd" in a for i, a in all_stages["gpu"] if i == "RUN")  # etcd runs on the head only
+
+
+def head_requirements() -> list[str]:
+    lines = (DEPLOY / "head-requirements.txt").read_text().splitlines()
+    return [name_of(line) for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_the_head_requirements_are_dependencies_pinned_by_the_constraints_and_hold_nothing_for_training():
+    required = head_requirements()
+    dependencies = {name_of(d) for d in PYPROJECT["project"]["dependencies"]}
+    pinned = {name_of(line) for line in (REPO_ROOT / "constraints.txt").read_text().splitlines()
+              if "==" in line and not line.startswith("#")}
+    assert required and set(required) <= dependencies & pinned, set(required) - dependencies & pinned
+    assert not [r for r in required if r.startswith(TRAINING_ONLY)], required
+
+
+# Imports every module of the head's services with only the head requirements (and what they
+# require) importable, as in the head image; prints what it refused to import.
+HEAD_IMPORTS = r"""
+import importlib, importlib.abc, importlib.metadata as md, pkgutil, re, sys
+def name(r): return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", r).group(0)).lower()
+allowed, todo = {"omru"}, list(sys.argv[1:])
+while todo:
+    d = todo.pop()
+    if d not in allowed:
+        allowed.add(d)
+        todo += [name(r) for r in md.requires(d) or () if "extra ==" not in r]
+blocked = {m for m, ds in md.packages_distributions().items() if not {name(d) for d in ds} & allowed}
+refused = set()
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] in blocked:
+            refused.add(fullname.split(".")[0])
+            raise ModuleNotFoundError(f"not in the head image: {fullname}", name=fullname)
+sys.meta_path.insert(0, Block())
+try:
+    import torch
+    raise SystemExit("torch imported")
+except ModuleNotFoundError:
+    pass
+for pkg in ("services.common", "services.registry", "services.profiler", "services.planner"):
+    m = importlib.import_module(pkg)
+    for info in pkgutil.walk_packages(m.__path__, pkg + "."):
+        importlib.import_module(info.name)
+print(" ".join(sorted(refused)))
+"""
+
+
+def test_every_module_of_the_head_services_imports_with_the_head_requirements_alone():
+    done = subprocess.run([sys.executable, "-c", HEAD_IMPORTS, *head_requirements()], cwd=REPO_ROOT,
+                          env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "torch" in done.stdout.split()  # the fence held (grpc's optional grpc_tools may be refused too)
+
+
+def compose(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def command(service: dict) -> str:
+    return " ".join(service["command"].split()) if isinstance(service["command"], str) else " ".join(service["command"])
+
+
+def default_image(service: dict) -> str:
+    return re.fullmatch(r"\$\{\w+:-([^}]+)\}", service["image"]).group(1)
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
+def test_every_compose_service_is_health_checked_on_its_own_port_rotates_its_logs_and_starts_after_healthy_ones(path):
+    spec = compose(path)
+    assert "version" not in spec  # obsolete in the Compose specification
+    assert spec["services"]
+    for name, service in spec["services"].items():
+        test = service["healthcheck"]["test"]
+        assert test[:4] == ["CMD", "python", "-m", "services.common.health_probe"], (name, test)
+        port = test[4].rpartition(":")[2]
+        own = re.search(r"--port (\d+)", command(service)) or re.search(r"--listen-client-urls \S+:(\d+)", command(service))
+        assert own and own.group(1) == port, (name, test, command(service))
+        if "--tls-ca" in command(service) or "--trusted-ca-file" in command(service):  # mutual TLS: a certificate
+            assert "--tls-cert" in test and "--tls-key" in test, (name, test)
+        logging = service["logging"]
+        assert logging["driver"] == "json-file" and {"max-size", "max-file"} <= set(logging["options"]), (name, logging)
+        depends = service.get("depends_on", {})
+        assert isinstance(depends, dict) and all(d["condition"] == "service_healthy" for d in depends.values()), depends
+        assert "shm_size" not in service or service.get("ipc") != "host", name  # ignored under the host's IPC
+        assert default_image(service).endswith(f":{VERSION}"), (name, service["image"])
+
+
+def mounts(service: dict) -> dict[str, str]:
+    """Container path -> what is mounted there (short syntax SOURCE:TARGET[:MODE]; a source may hold ${A:-b})."""
+    out = {}
+    for volume in service.get("volumes", []):
+        parts = volume.split(":")
+        if parts[-1] in ("ro", "rw"):
+            parts.pop()
+        out[parts[-1]] = ":".join(parts[:-1])
+    return out
+
+
+def test_the_planner_checkpoint_root_is_the_shared_storage_every_executor_mounts_at_the_same_path():
+    head = compose(DEPLOY / "head.compose.yml")["services"]
+    executor = compose(DEPLOY / "gpu-node.compose.yml")["services"]["executor"]
+    root = re.search(r"--checkpoint-root (\S+)", command(head["planner"])).group(1)
+    assert mounts(head["planner"]).get(root) == mounts(executor).get(root) == "${OMRU_CHECKPOINTS:-/shared/omru}"
+    work = re.search(r"--work-dir (\S+)", command(executor)).group(1)
+    assert not work.startswith(root) and mounts(executor)[work] == "omru-node"  # a node's lease and logs are its own
+    assert {default_image(s).split(":")[0] for s in head.values()} == {"omru-head"}
+    assert default_image(executor).split(":")[0] == "omru-gpu"
+
+
+def test_etcds_volume_is_mounted_where_it_keeps_its_data():
+    for path in (DEPLOY / "head.compose.yml", DEPLOY / "etcd-cluster.compose.yml"):
+        etcd = compose(path)["services"]["etcd"]
+        data = re.search(r"--data-dir (\S+)", command(etcd)).group(1)
+        assert data == "/var/lib/omru/etcd" and mounts(etcd)[data] == "etcd-data", (path.name, mounts(etcd))
