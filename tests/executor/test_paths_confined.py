@@ -4,20 +4,22 @@ A checkpoint_dir outside the node's checkpoint root, or an imagefolder:/clips:
 data set outside its data roots, after resolving '..' and symlinks, is refused
 naming the field and the value, by call and by allocation alike: nothing is
 written or run, and the node goes on serving. A data set error never lists a
-folder's content.
+folder's content. `omru up` gives its planner and executors one checkpoint root.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import grpc
 import pytest
 
 from omru import checkpoint
-from omru.v1 import executor_pb2
+from omru.v1 import common_pb2, executor_pb2, executor_pb2_grpc, planner_pb2, planner_pb2_grpc
 from services.common import config as cfg
+from services.common.cluster import LocalCluster
 from services.executor import server
 from services.executor.worker import data
 from services.executor.worker.spec import TrainSpec
@@ -125,3 +127,28 @@ def test_a_data_set_error_names_the_folder_and_never_its_content(tmp_path, kind)
     what = "not every class folder holds an image file (.jpg" if kind == "imagefolder" else "1 of its 2 class folders hold no .pt clips"
     assert str(err.value).startswith(f"data folder {str(tmp_path)!r}: {what}"), err.value
     assert "secret" not in str(err.value)
+
+
+def test_omru_up_gives_its_planner_and_executors_one_checkpoint_root(tmp_path):
+    job = tiny_job("up", epochs=1, train_samples=16, max_gpus=1)
+    with LocalCluster(nodes=1, slots_per_node=1, planner_port=0, work_dir=tmp_path / "up", warm_workers=False) as up:
+        root = os.path.realpath(tmp_path / "up" / "checkpoints")
+        with grpc.insecure_channel(up.executors[0].address) as channel:
+            with pytest.raises(grpc.RpcError) as err:
+                executor_pb2_grpc.ExecutorServiceStub(channel).StartJob(executor_pb2.StartJobRequest(directive=directive(
+                    "d", START, job, [gpu("node-0", 0)], checkpoint_dir=str(tmp_path / "y"))), timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == (f"directive.checkpoint_dir: {str(tmp_path / 'y')!r} is not under this "
+                                       f"node's checkpoint root {root!r}")
+        # what the planner sends runs: its checkpoint folders lie under the same root
+        with grpc.insecure_channel(up.service("planner").address) as channel:
+            planner = planner_pb2_grpc.PlannerServiceStub(channel)
+            planner.SubmitJobs(planner_pb2.SubmitJobsRequest(
+                jobs=[job], profiles=[planner_pb2.JobProfile(job_id="up", epoch_seconds={1: 5.0})]), timeout=30)
+            deadline, state = time.monotonic() + 180, None
+            while time.monotonic() < deadline and state not in (common_pb2.JOB_STATE_FINISHED, common_pb2.JOB_STATE_FAILED):
+                time.sleep(0.5)
+                jobs = planner.ListJobs(planner_pb2.ListJobsRequest(job_ids=["up"]), timeout=10).jobs
+                state, message = (jobs[0].state, jobs[0].message) if jobs else (None, "")
+        assert state == common_pb2.JOB_STATE_FINISHED, message
+        assert list((tmp_path / "up" / "checkpoints").glob("*/up/epoch-*.pt"))
