@@ -5,7 +5,8 @@ demo` and end-to-end tests use).
 directory (restartable on the same ports and data). `ServiceProcess` runs
 one `python -m services.<svc>.server` and waits for its JSON ready line.
 `LocalCluster` starts etcd (unless an endpoint is given), the registry, then
-the profiler, planner and N executors in parallel, and stops all of them
+the profiler, planner and N executors in parallel (planner and executors
+with the same checkpoint root, <work_dir>/checkpoints), and stops all of them
 (process groups, SIGTERM then SIGKILL) on exit; with die_with_parent,
 children also get SIGTERM when the launcher dies (Linux parent-death signal).
 `Supervisor` (what `LocalCluster.supervise`, i.e. `omru up`, runs) restarts a
@@ -459,6 +460,7 @@ class LocalCluster:
         die_with_parent: bool = False,
         warm_workers: bool = True,
         planner_args: Sequence[str] = (),
+        checkpoint_root: Path | None = None,
     ) -> None:
         if nodes < 0:
             raise ValueError(f"nodes {nodes} is negative")
@@ -480,6 +482,8 @@ class LocalCluster:
         self.die_with_parent = die_with_parent  # only from a launcher's main thread (the kernel ties it to the thread)
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="omru-up-"))
+        # the planner names checkpoint folders under it and the executors accept only those
+        self.checkpoint_root = Path(checkpoint_root or self.work_dir / "checkpoints").absolute()
         self.etcd: EtcdProcess | None = None
         self.services: list[ServiceProcess] = []
         self.seconds_to_ready = 0.0
@@ -508,14 +512,16 @@ class LocalCluster:
                 self._service(
                     f"executor-{i}", "executor", "--port", "0", "--node-id", f"node-{i}", "--registry", registry.address,
                     "--slots", str(self.slots), "--ttl", str(self.ttl),
-                    "--work-dir", str(self.work_dir / f"node-{i}"), *([] if self.warm_workers else ["--no-warm-workers"]),
+                    "--work-dir", str(self.work_dir / f"node-{i}"), "--checkpoint-root", str(self.checkpoint_root),
+                    *([] if self.warm_workers else ["--no-warm-workers"]),
                 )
                 for i in range(self.nodes)
             ]
             wait_ready([profiler], self.ready_timeout)  # the planner needs its address
             planner = self._service(
                 "planner", "planner", "--port", str(self.planner_port), "--etcd", self.etcd_endpoint,
-                "--registry", registry.address, "--profiler", profiler.address, *self.planner_args,
+                "--registry", registry.address, "--profiler", profiler.address,
+                "--checkpoint-root", str(self.checkpoint_root), *self.planner_args,
             )
             wait_ready([planner, *executors], self.ready_timeout)
         except BaseException:

@@ -9,13 +9,17 @@ environment. Every dataclass validates itself in `__post_init__` and raises
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
 #: Environment variable holding the bearer token (read by entry points only).
 TOKEN_ENV = "OMRU_AUTH_TOKEN"
+#: Environment variable listing, colon-separated, the folders a node's data sets may come from.
+DATA_ROOTS_ENV = "OMRU_DATA_ROOTS"
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -36,6 +40,23 @@ def check_endpoint(name: str, value: str) -> str:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{name} {value!r} is not host:port")
     return value
+
+
+def default_checkpoint_root() -> Path:
+    """The checkpoint root when none is configured: <tmp>/omru-checkpoints (the planner's default too)."""
+    return Path(tempfile.gettempdir()) / "omru-checkpoints"
+
+
+def split_roots(text: str) -> tuple[str, ...]:
+    """"/a:/b" -> ("/a", "/b"): the folders of a colon-separated list (empty entries dropped)."""
+    return tuple(p for p in text.split(os.pathsep) if p)
+
+
+def _real_folder(name: str, value) -> Path:
+    """value with '..' and symlinks resolved (os.path.realpath); ConfigError unless an absolute path."""
+    if not isinstance(value, (str, os.PathLike)) or not os.path.isabs(value):
+        raise ConfigError(f"{name} {str(value)!r} is not an absolute path")
+    return Path(os.path.realpath(value))
 
 
 #: Identities (certificate CN and DNS SAN, see deploy/make-certs.sh) of the services.
@@ -190,8 +211,14 @@ class ExecutorConfig:
     planner_identity: str = PLANNER_IDENTITY  # with mutual TLS: who may send directives
     registry_identity: str = REGISTRY_IDENTITY  # with mutual TLS: whose allocations the node follows
     profiler_identity: str = PROFILER_IDENTITY  # with mutual TLS: who may run profiling trials
+    checkpoint_root: Path | None = None  # directives' checkpoint folders lie under it; None = default_checkpoint_root()
+    data_roots: tuple[Path, ...] = ()  # imagefolder:/clips: folders lie under one; () = built-in data sets only
 
     def __post_init__(self) -> None:
+        # both resolved once here: what directives name is resolved the same way and compared with these
+        object.__setattr__(self, "checkpoint_root",
+                           _real_folder("checkpoint_root", self.checkpoint_root or default_checkpoint_root()))
+        object.__setattr__(self, "data_roots", tuple(_real_folder("data root", r) for r in self.data_roots))
         check_id("node_id", self.node_id)
         check_id("planner_identity", self.planner_identity)
         check_id("registry_identity", self.registry_identity)

@@ -6,14 +6,24 @@ base_lr x world size), min_gpus 0 = 1, max_gpus 0 = any number. Every bad
 value (out of range, or over the input limits of `validation`) raises
 `DirectiveError` naming the field as the client sent it
 ("directive.job.model", "directive.gpus[1].index", ...).
+
+A directive names folders of the node only under its `Roots`: a
+checkpoint_dir under the checkpoint root, the folder of an imagefolder: or
+clips: data set under one of the data roots, both after resolving '..' and
+symlinks (os.path.realpath); the checkpoint_dir passed on is the resolved one.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field as dataclass_field
+
+from omru.spec import shown
 from omru.v1 import common_pb2, executor_pb2
+from services.common.config import default_checkpoint_root
 from services.executor.state import JobState
 from services.executor.supervisor import Directive, DirectiveError, DirectiveKind, Event, EventKind, Gpu, JobView
-from services.executor.worker.spec import ProfileSpec, SpecError, TrainSpec
+from services.executor.worker.spec import BUILTIN_DATASETS, ProfileSpec, SpecError, TrainSpec, dataset_folder
 from services.registry import validation
 
 #: max_gpus of a job that may run on any number of GPUs.
@@ -21,6 +31,8 @@ ANY_GPUS = 1 << 20
 DEFAULT_IMAGE_SIZE = 32
 DEFAULT_WARMUP_ITERS = 3
 DEFAULT_MEASURE_ITERS = 10
+#: Characters of a path an error message shows (paths run longer than other values).
+PATH_SHOWN = 256
 
 _KINDS = {
     executor_pb2.DIRECTIVE_KIND_START: DirectiveKind.START,
@@ -47,9 +59,40 @@ _STATES = {
 }
 
 
+@dataclass(frozen=True)
+class Roots:
+    """The folders of a node that directives may name (absolute, resolved: see ExecutorConfig)."""
+
+    checkpoint: str = dataclass_field(default_factory=lambda: os.path.realpath(default_checkpoint_root()))
+    data: tuple[str, ...] = ()  # none: only the built-in data sets
+
+
 def _problem(problem) -> None:
     if problem is not None:
         raise DirectiveError(*problem)
+
+
+def _confined(field: str, value: str, folder: str, roots: tuple[str, ...], where: str) -> str:
+    """`folder` (named by the field's `value`) resolved ('..', symlinks) when it lies under one of `roots`,
+    else DirectiveError naming the field and its value."""
+    real = os.path.realpath(folder)
+    if any(os.path.commonpath([real, root]) == root for root in roots):
+        return real
+    resolved = f" (resolved {shown(real, PATH_SHOWN)})" if real != folder else ""
+    raise DirectiveError(field, f"{shown(value, PATH_SHOWN)}{resolved} is not under {where}")
+
+
+def _check_paths(d: executor_pb2.Directive, spec: TrainSpec, roots: Roots) -> str:
+    """The directive's checkpoint_dir, resolved ("" stays ""); DirectiveError for a folder outside the roots."""
+    folder = dataset_folder(spec.dataset)
+    if folder:
+        where = (f"a data root of this node ({', '.join(map(repr, roots.data))})" if roots.data else
+                 f"a data root of this node: it has none, so only {' and '.join(BUILTIN_DATASETS)} may be used")
+        _confined("directive.job.dataset", spec.dataset, folder, roots.data, where)
+    if not d.checkpoint_dir:
+        return ""
+    return _confined("directive.checkpoint_dir", d.checkpoint_dir, d.checkpoint_dir, (roots.checkpoint,),
+                     f"this node's checkpoint root {roots.checkpoint!r}")
 
 
 def train_spec(job: common_pb2.JobSpec, field: str = "directive.job") -> TrainSpec:
@@ -77,9 +120,10 @@ def profile_spec(options: executor_pb2.ProfileOptions, field: str = "directive.p
         raise DirectiveError(f"{field}.{exc.field.removeprefix('profile.')}", str(exc).split(": ", 1)[1]) from None
 
 
-def directive(d: executor_pb2.Directive, rpc_kind: int | None = None) -> Directive:
+def directive(d: executor_pb2.Directive, rpc_kind: int | None = None, roots: Roots | None = None) -> Directive:
     """The Directive of a StartJob/ResizeJob/StopJob request (rpc_kind: the RPC's DirectiveKind; an
-    unset kind means that one) or of a streamed directive (rpc_kind None: kind must be set)."""
+    unset kind means that one) or of a streamed directive (rpc_kind None: kind must be set), with its
+    folders confined to the node's roots (None: the default checkpoint root, no data root)."""
     _problem(validation.id_problem("directive.directive_id", d.directive_id))
     kind = d.kind or rpc_kind
     if kind not in _KINDS:
@@ -97,11 +141,12 @@ def directive(d: executor_pb2.Directive, rpc_kind: int | None = None) -> Directi
     if d.attempt_id:
         _problem(validation.id_problem("directive.attempt_id", d.attempt_id))
     _problem(validation.text_problem("directive.checkpoint_dir", d.checkpoint_dir))
+    checkpoint_dir = _check_paths(d, spec, roots or Roots())
     profile = profile_spec(d.profile) if d.HasField("profile") else None
     return Directive(
         directive_id=d.directive_id, kind=_KINDS[kind], job_id=spec.job_id, spec=spec,
         gpus=tuple(Gpu(g.node_id, g.index) for g in d.gpus), rendezvous=d.rendezvous_endpoint,
-        attempt_id=d.attempt_id, checkpoint_dir=d.checkpoint_dir, profile=profile)
+        attempt_id=d.attempt_id, checkpoint_dir=checkpoint_dir, profile=profile)
 
 
 def gpu_ref(gpu: Gpu) -> common_pb2.GpuRef:

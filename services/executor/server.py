@@ -16,6 +16,7 @@ from services.common import config as cfg
 from services.common import gpus
 from services.common.channels import open_channel
 from services.common.server import RunningServer, Service, run_main, serve_forever, service_name, start_server
+from services.executor.convert import Roots
 from services.executor.servicer import AllocationWatch, ExecutorServicer, RegistryClaims, devices_of
 from services.executor.supervisor import Supervisor
 from services.registry.membership import NodeMembership
@@ -30,12 +31,14 @@ async def start(config: cfg.ExecutorConfig, servicer=None, runtime=None,
     file the workers read follows the node's lease, and a lost lease ends
     every allocated job at once); directives sent by call (profiling trials)
     claim their GPUs through the registry. With mutual TLS those are accepted
-    only from the planner's identity (and trials from the profiler's).
+    only from the planner's identity (and trials from the profiler's), and
+    name folders only under the config's checkpoint root and data roots.
     Stopping the server stops the watch, then every worker, then
     deregisters the node. runtime and node_gpus replace the worker processes
     and the detected GPUs (the emulated cluster, services/executor/emulated.py).
     """
     node_gpus = node_gpus if node_gpus is not None else gpus.detect(config.slots)
+    roots = Roots(str(config.checkpoint_root), tuple(map(str, config.data_roots)))
     tls = config.server.client_tls
     # the node runs what the registry's allocations say: with TLS, only a registry's certificate will do
     channel = open_channel(config.registry, token=config.server.auth_token, tls=tls,
@@ -46,7 +49,7 @@ async def start(config: cfg.ExecutorConfig, servicer=None, runtime=None,
                                 work_dir=config.work_dir, max_restarts=config.max_restarts,
                                 warm_workers=config.warm_workers, runtime=runtime)
         identities = (config.planner_identity, config.profiler_identity) if tls is not None else (None, None)
-        servicer = ExecutorServicer(supervisor, *identities)
+        servicer = ExecutorServicer(supervisor, *identities, roots=roots)
     service = Service(executor_pb2_grpc.add_ExecutorServiceServicer_to_server, servicer, service_name(executor_pb2, "ExecutorService"))
     running = await start_server(config.server, [service])
     host = config.advertise_host or (config.server.host if config.server.host not in ("0.0.0.0", "[::]") else socket.gethostname())
@@ -59,7 +62,7 @@ async def start(config: cfg.ExecutorConfig, servicer=None, runtime=None,
         await channel.close()
         raise
     if supervisor is not None:
-        watch = AllocationWatch(channel, supervisor)
+        watch = AllocationWatch(channel, supervisor, roots=roots)
         watch.start()
         running.on_stop.append(watch.stop)
         await supervisor.warm_up()
@@ -84,6 +87,12 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
     parser.add_argument("--ttl", type=int, default=5, help="node lease TTL in seconds")
     parser.add_argument("--advertise-host", default="", help="host other nodes reach this executor at")
     parser.add_argument("--work-dir", default=None, help="directory for worker files and checkpoints")
+    parser.add_argument("--checkpoint-root", default=None,
+                        help="folder the checkpoint folders of directives must lie under, as the planner's "
+                             "--checkpoint-root (default: <tmp>/omru-checkpoints, the planner's default)")
+    parser.add_argument("--data-roots", default=env.get(cfg.DATA_ROOTS_ENV, ""),
+                        help="colon-separated folders imagefolder:/clips: data sets must lie under "
+                             f"(default: ${cfg.DATA_ROOTS_ENV}, else none: only the built-in data sets)")
     parser.add_argument("--max-restarts", type=int, default=2, help="restarts of a job after worker failures before it fails")
     parser.add_argument("--no-warm-workers", action="store_true",
                         help="start every worker cold (default: one waits per device with torch imported)")
@@ -107,6 +116,8 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
         planner_identity=args.planner_identity,
         registry_identity=args.registry_identity,
         profiler_identity=args.profiler_identity,
+        checkpoint_root=args.checkpoint_root,
+        data_roots=cfg.split_roots(args.data_roots),
     )
 
 

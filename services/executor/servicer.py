@@ -3,7 +3,8 @@
 Requests are converted (`convert`), handed to the `Supervisor`, answers
 converted back. `DirectiveError` -> INVALID_ARGUMENT naming the field,
 `ConflictError` -> FAILED_PRECONDITION, registry outages -> UNAVAILABLE; a
-refused directive changes nothing. With mutual TLS, directives come only
+refused directive changes nothing. Directives name folders only under the
+node's `convert.Roots` (checkpoint root, data roots). With mutual TLS, directives come only
 from the planner's certificate identity, and profiling trials (a START with
 profile options, a STOP of a trial) also from the profiler's; any other
 caller gets PERMISSION_DENIED naming the identity it presented. `RegistryClaims` is GPU ownership through
@@ -82,12 +83,14 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
     """omru.v1.ExecutorService of one node.
 
     planner_identity (set with mutual TLS): the certificate name directives
-    must come from; profiler_identity: the one profiling trials may come from."""
+    must come from; profiler_identity: the one profiling trials may come from;
+    roots: the folders directives may name (None: `convert.Roots()`)."""
 
     def __init__(self, supervisor: Supervisor, planner_identity: str | None = None,
-                 profiler_identity: str | None = None) -> None:
+                 profiler_identity: str | None = None, roots: convert.Roots | None = None) -> None:
         self.supervisor = supervisor
         self.planner_identity, self.profiler_identity = planner_identity, profiler_identity
+        self.roots = roots or convert.Roots()
 
     def _is_trial(self, d: executor_pb2.Directive, rpc_kind: int) -> bool:
         if rpc_kind == executor_pb2.DIRECTIVE_KIND_START:
@@ -113,7 +116,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
         if not request.HasField("directive"):
             await abort_invalid(context, "directive", "is required")
         try:
-            return await self.supervisor.apply(convert.directive(request.directive, rpc_kind))
+            return await self.supervisor.apply(convert.directive(request.directive, rpc_kind, self.roots))
         except DirectiveError as exc:
             await abort_invalid(context, exc.field, str(exc).split(": ", 1)[1])
         except ConflictError as exc:
@@ -167,13 +170,15 @@ class AllocationWatch:
     is stopped. An allocation the supervisor refuses is reported as a FAILED
     event naming the refusal (the planner puts the job back to wait). Changes
     older than the newest revision seen are ignored. A broken stream is
-    reopened after a backoff that doubles up to max_backoff_s.
+    reopened after a backoff that doubles up to max_backoff_s. Allocations
+    name folders only under roots (None: `convert.Roots()`).
     """
 
     def __init__(self, channel: grpc.aio.Channel, supervisor: Supervisor, initial_backoff_s: float = 0.2,
-                 max_backoff_s: float = 5.0) -> None:
+                 max_backoff_s: float = 5.0, roots: convert.Roots | None = None) -> None:
         self.stub = registry_pb2_grpc.RegistryServiceStub(channel)
         self.supervisor = supervisor
+        self.roots = roots or convert.Roots()
         self.initial_backoff_s, self.max_backoff_s = initial_backoff_s, max_backoff_s
         self.connected = asyncio.Event()
         self.revision = 0  # newest revision reconciled
@@ -225,7 +230,7 @@ class AllocationWatch:
         for d in response.allocations:
             self.desired[d.job.job_id] = d
             try:
-                await self.supervisor.allocate(convert.directive(d))
+                await self.supervisor.allocate(convert.directive(d, roots=self.roots))
             except (DirectiveError, ConflictError) as exc:
                 log.warning("allocation_refused", attempt_id=d.attempt_id, job_id=d.job.job_id, error=str(exc))
                 self.supervisor.events.append(d.job.job_id, EventKind.FAILED, attempt_id=d.attempt_id,

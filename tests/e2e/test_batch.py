@@ -33,7 +33,8 @@ def record(job_id: str, epochs: int, seed: int, samples: int = 96) -> JobRecord:
 async def start_nodes(start_service, registry, tmp_path, n=2, slots=2, ttl=15):
     return await asyncio.gather(*(
         start_service("executor", "--port", "0", "--node-id", f"node-{i}", "--registry", registry.address,
-                      "--slots", str(slots), "--ttl", str(ttl), "--work-dir", str(tmp_path / f"node-{i}"), name=f"executor-{i}")
+                      "--slots", str(slots), "--ttl", str(ttl), "--work-dir", str(tmp_path / f"node-{i}"),
+                      "--checkpoint-root", str(tmp_path / "ckpt"), name=f"executor-{i}")
         for i in range(n)))
 
 

@@ -62,23 +62,27 @@ class Executor:
         return Events(self.stub.WatchEvents(executor_pb2.WatchEventsRequest(after_seq=after_seq)))
 
 
-async def start_executor(registry_address: str, node_id: str, slots: int, work_dir, max_restarts: int = 2) -> Executor:
+async def start_executor(registry_address: str, node_id: str, slots: int, work_dir, max_restarts: int = 2,
+                         root=None) -> Executor:
+    """An executor whose checkpoint root and only data root is `root` (default: work_dir's parent, the test's tmp_path)."""
     from services.executor import server
 
+    root = root or work_dir.parent
     config = cfg.ExecutorConfig(node_id=node_id, registry=registry_address, slots=slots,
-                                ttl_seconds=10, work_dir=work_dir, max_restarts=max_restarts)
+                                ttl_seconds=10, work_dir=work_dir, max_restarts=max_restarts,
+                                checkpoint_root=root, data_roots=(root,))
     running, _membership = await server.start(config)
     channel = open_channel(running.address)
     return Executor(node_id, running, channel, executor_pb2_grpc.ExecutorServiceStub(channel))
 
 
 @contextlib.asynccontextmanager
-async def executors(registry_address: str, tmp_path, *shapes: tuple[str, int], max_restarts: int = 2):
-    """Executors for (node_id, slots) shapes; stopped (workers killed, GPUs released) on exit."""
+async def executors(registry_address: str, tmp_path, *shapes: tuple[str, int], max_restarts: int = 2, root=None):
+    """Executors for (node_id, slots) shapes (root: as for start_executor); stopped (workers killed, GPUs released) on exit."""
     started = []
     try:
         for node_id, slots in shapes:
-            started.append(await start_executor(registry_address, node_id, slots, tmp_path / node_id, max_restarts))
+            started.append(await start_executor(registry_address, node_id, slots, tmp_path / node_id, max_restarts, root))
         yield started
     finally:
         for e in reversed(started):

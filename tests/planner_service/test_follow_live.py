@@ -45,7 +45,7 @@ def _moves(problem):
 async def emulated_node(node_id: str, registry_address: str, jobs, tmp_path):
     config = cfg.ExecutorConfig(node_id=node_id, server=cfg.ServerConfig(port=0), registry=registry_address,
                                 slots=1, ttl_seconds=5, work_dir=tmp_path / node_id,
-                                warm_workers=False)
+                                warm_workers=False, checkpoint_root=tmp_path)
     runtime = EmulatedRuntime(Emulation({j.id: j for j in jobs}, speed=SPEED), node_id, 1)
     running, _ = await executor_server.start(config, runtime=runtime, node_gpus=emulated_gpus(1))
     return running

@@ -142,8 +142,20 @@ def _split_roots(root: str) -> tuple[str, str] | None:
     return (train, val) if os.path.isdir(train) and os.path.isdir(val) else None
 
 
+def _image_folder(root: str, transform):
+    """torchvision's ImageFolder of root; DataError when a class folder holds no image (torchvision's own
+    message would list the empty class folders: an error never lists a folder's content)."""
+    from torchvision import datasets
+
+    try:
+        return datasets.ImageFolder(root, transform=transform)
+    except FileNotFoundError:
+        raise DataError(f"data folder {root!r}: not every class folder holds an image file "
+                        f"({', '.join(datasets.folder.IMG_EXTENSIONS)})") from None
+
+
 def _imagefolder(spec: TrainSpec, root: str) -> Splits:
-    from torchvision import datasets, transforms
+    from torchvision import transforms
 
     tf = transforms.Compose([
         transforms.Resize((spec.image_size, spec.image_size)),
@@ -154,22 +166,23 @@ def _imagefolder(spec: TrainSpec, root: str) -> Splits:
     if roots:
         for r in roots:
             _class_folders(r)
-        train, test = datasets.ImageFolder(roots[0], transform=tf), datasets.ImageFolder(roots[1], transform=tf)
+        train, test = _image_folder(roots[0], tf), _image_folder(roots[1], tf)
         return Splits(train, test, len(train.classes))
     _class_folders(root)
-    full = datasets.ImageFolder(root, transform=tf)
+    full = _image_folder(root, tf)
     tr, te = _seeded_split(len(full))
     return Splits(Subset(full, tr), Subset(full, te), len(full.classes))
 
 
 def _clip_items(root: str) -> tuple[list[tuple[str, int]], int]:
     classes = _class_folders(root)
-    items = []
+    items, empty = [], 0
     for label, c in enumerate(classes):
         files = sorted(f for f in os.listdir(os.path.join(root, c)) if f.endswith(".pt"))
-        if not files:
-            raise DataError(f"class folder {os.path.join(root, c)!r} holds no .pt clips")
         items += [(os.path.join(root, c, f), label) for f in files]
+        empty = empty + 1 if not files else empty
+    if empty:
+        raise DataError(f"data folder {root!r}: {empty} of its {len(classes)} class folders hold no .pt clips")
     return items, len(classes)
 
 

@@ -27,7 +27,10 @@ from omru.spec import int_field as _int_field
 from omru.spec import require as _require
 from services.executor.worker import zoo
 
-DATASET_KINDS = ("digits", "synthetic", "imagefolder:<dir>", "clips:<dir>")
+#: Data sets every node has (nothing read from its folders), and the kinds that read a folder ("kind:<dir>").
+BUILTIN_DATASETS = ("digits", "synthetic")
+FOLDER_DATASETS = ("imagefolder", "clips")
+DATASET_KINDS = (*BUILTIN_DATASETS, *(f"{k}:<dir>" for k in FOLDER_DATASETS))
 DEFAULT_DATASET = "digits"
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -49,6 +52,12 @@ def dataset_kind(dataset: str) -> tuple[str, str]:
     """``"imagefolder:/d"`` -> ``("imagefolder", "/d")``; ``"digits"`` -> ``("digits", "")``."""
     kind, _, arg = dataset.partition(":")
     return kind, arg
+
+
+def dataset_folder(dataset: str) -> str:
+    """The folder a data set reads (``"imagefolder:/d"`` -> ``"/d"``); "" for a built-in one."""
+    kind, arg = dataset_kind(dataset)
+    return arg if kind in FOLDER_DATASETS else ""
 
 
 @dataclass(frozen=True)
@@ -127,7 +136,7 @@ class TrainSpec:
         except zoo.UnknownModelError as exc:
             raise SpecError("model", str(exc)) from None
         kind, arg = dataset_kind(self.dataset) if isinstance(self.dataset, str) else ("", "")
-        _require(kind in ("digits", "synthetic", "imagefolder", "clips") and (bool(arg) == (kind in ("imagefolder", "clips"))),
+        _require(kind in BUILTIN_DATASETS + FOLDER_DATASETS and (bool(arg) == (kind in FOLDER_DATASETS)),
                  "dataset", f"must be one of {', '.join(DATASET_KINDS)}, got {self.dataset!r}")
         _int_field(self, "image_size", 1)
         for name in ("num_classes", "frames", "train_samples"):
@@ -285,4 +294,5 @@ def from_json(text: str) -> tuple[TrainSpec, AttemptSpec]:
     return TrainSpec.from_dict(data["spec"]), AttemptSpec.from_dict(data["attempt"])
 
 
-__all__ = ["TrainSpec", "AttemptSpec", "ProfileSpec", "SpecError", "to_json", "from_json", "dataset_kind"]
+__all__ = ["TrainSpec", "AttemptSpec", "ProfileSpec", "SpecError", "to_json", "from_json", "dataset_kind",
+           "dataset_folder"]
