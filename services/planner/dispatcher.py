@@ -469,16 +469,20 @@ class Dispatcher:
 
     async def _on_events(self, events: Sequence[Event]) -> None:
         """A node's events in order, each job's run of epoch_done events in one record write (a stream
-        that fell behind catches up in fewer writes)."""
+        that fell behind catches up in fewer writes), and a job's end with the GPUs its attempt released
+        on this node right after it (in the same batch) in one transaction."""
         epochs: dict[str, list[Event]] = {}
-        for e in events:
+        for i, e in enumerate(events):
             if e.kind == "epoch_done":
                 epochs.setdefault(e.job_id, []).append(e)
                 continue
             async with self._job_lock(e.job_id):
                 if e.job_id in epochs:
                     await self._on_epochs(epochs.pop(e.job_id))
-                await self._on_event(e)
+                released = [g for x in events[i + 1:] if x.kind == "gpus_released" and x.job_id == e.job_id
+                            and x.attempt_id == e.attempt_id for g in x.gpus if g[0] == e.node_id] \
+                    if e.kind == "finished" else ()
+                await self._on_event(e, released)
         for job_id, run in epochs.items():
             async with self._job_lock(job_id):
                 await self._on_epochs(run)
@@ -523,7 +527,8 @@ class Dispatcher:
                          observed_s=round(r.observed[size][0], 3), planned_s=self._tau[r.job_id][size])
                 self.poke()
 
-    async def _on_event(self, e: Event) -> None:
+    async def _on_event(self, e: Event, released: Sequence[Gpu] = ()) -> None:
+        """One event; `released`: for a FINISHED event, GPUs its attempt released on its node after it."""
         if e.kind == "epoch_done":
             return await self._on_epochs([e])
         r = await self._record_for(e)
@@ -537,11 +542,14 @@ class Dispatcher:
                                if c.attempt_id == e.attempt_id and not c.terminal else None)
             self._follow_soon()
         elif e.kind == "finished":
-            await self._update(r.job_id, lambda c: None if c.terminal else replace(
-                c, state=st.FINISHED, epochs_done=c.epochs, finished_s=e.time_s, message=""))
-            if not r.terminal:  # its allocations go (an executor that restarts must not run it again)
+            if not r.terminal:  # its allocations go (an executor that restarts must not run it again), and
+                # the claims on what it released here already, in the transaction that stores it finished
                 await self._forget_later(r)
-                await self._deallocate(r, r.gpus + r.target)
+                r = self.records[r.job_id]
+                await self._write(r.job_id, record=replace(r, state=st.FINISHED, epochs_done=r.epochs,
+                                                           finished_s=e.time_s, message=""),
+                                  drop=list(dict.fromkeys(g[0] for g in r.gpus + r.target)),
+                                  release=[g for g in released if self.owner.get(g) == r.job_id])
             self._follow_soon()
         elif e.kind == "gpus_released" and current and not r.terminal and is_self_stop(e.message):
             # the node ended the attempt it was allocated on its own (its lease lapsed, it shut down)
