@@ -128,6 +128,7 @@ class EmulatedCluster:
                     "--gpus-per-node", str(c.gpus_per_node), "--profiles", str(Path(c.profiles).resolve()),
                     "--speed", repr(c.speed), "--noise", repr(c.noise), "--resize-cost", repr(c.resize_cost_s),
                     "--seed", str(c.seed), "--ttl", str(c.ttl_seconds), "--work-dir", str(self.work_dir / "nodes"),
+                    "--checkpoint-root", str(self.work_dir / "checkpoints"),
                     *(["--task", c.task] if c.task else [])]
                 s = ServiceProcess(f"emulated-{p}", argv, child_env({DIE_WITH_PARENT_ENV: "1"}),
                                    self.work_dir / "logs" / f"emulated-{p}.log")

@@ -30,7 +30,8 @@ ExecutorService on its own port with its own registry lease:
 
     python -m services.executor.emulated --registry HOST:PORT \\
         --node-ids node-0,node-1 --gpus-per-node 4 --profiles CSV [--task T] \\
-        --speed 100 [--noise 0.1] [--resize-cost 30] [--seed 0] --work-dir DIR
+        --speed 100 [--noise 0.1] [--resize-cost 30] [--seed 0] --work-dir DIR \\
+        [--checkpoint-root DIR]
 """
 
 from __future__ import annotations
@@ -347,7 +348,7 @@ async def serve(args: argparse.Namespace) -> None:
             config = cfg.ExecutorConfig(
                 node_id=node_id, server=cfg.ServerConfig(host=args.host, port=0, auth_token=token),
                 registry=args.registry, slots=args.gpus_per_node, ttl_seconds=args.ttl,
-                work_dir=Path(args.work_dir) / node_id, warm_workers=False)
+                work_dir=Path(args.work_dir) / node_id, warm_workers=False, checkpoint_root=args.checkpoint_root)
             started.append(await server.start(config, runtime=EmulatedRuntime(emulation, node_id, args.gpus_per_node),
                                               node_gpus=emulated_gpus(args.gpus_per_node)))
         print_ready(service="emulated-nodes", nodes={n: r.address for n, (r, _) in zip(args.node_ids, started)},
@@ -372,6 +373,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ttl", type=int, default=5)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--work-dir", required=True)
+    p.add_argument("--checkpoint-root", type=Path, default=None,
+                   help="the folder the planner's directives put checkpoints in (default: the executor's)")
     return p.parse_args(argv)
 
 

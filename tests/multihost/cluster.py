@@ -92,7 +92,7 @@ class MultiHostCluster:
                 self._spawn(node, h, "executor", "--port", str(EXECUTOR_PORT), "--advertise-host", h.address,
                             "--node-id", node, "--registry", registry,
                             "--slots", str(self.slots), "--ttl", str(self.ttl),
-                            "--work-dir", str(self.work_dir / node))
+                            "--work-dir", str(self.work_dir / node), "--checkpoint-root", str(self.checkpoints))
             wait_ready([s for s in self.services.values() if not s.info], self.ready_timeout)
             self.planner = self._forward(self.head, PLANNER_PORT)
             self.registry = self._forward(self.head, REGISTRY_PORT)
