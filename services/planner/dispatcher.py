@@ -780,8 +780,10 @@ class Dispatcher:
         its last epoch."""
         from services.planner.core.model import Cluster, Job, PlanningInput, Segment
 
-        per_node = {n for n in (sum(1 for g in gpus if g[0] == nd) for nd in {g[0] for g in gpus})}
-        cluster = Cluster.of(len(gpus), per_node.pop()) if len(per_node) == 1 else Cluster.of(len(gpus), 1)
+        sizes: dict[str, int] = {}
+        for node, _ in gpus:  # (sorted: each node's GPUs in a row)
+            sizes[node] = sizes.get(node, 0) + 1
+        cluster = Cluster.of_sizes(list(sizes.values()))
         index = {g: i for i, g in enumerate(gpus)}
         now, overhead = time.time(), self.overhead_s
         tables, jobs, committed, base, cache = {}, [], [], {}, {}

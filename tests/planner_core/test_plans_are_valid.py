@@ -80,3 +80,27 @@ def test_genetic_search_is_deterministic_for_a_seed():
     p = _instance(5)
     a, b = registry.plan("omru-ga", p), registry.plan("omru-ga", p)
     assert a == b
+
+
+def test_machines_of_different_sizes_are_nodes_of_their_common_divisor_timed_by_machines_spanned():
+    from services.planner.core.model import Cluster, PlanningInput
+
+    c = Cluster.of_sizes([8, 4, 2])
+    assert (c.nodes, c.gpus_per_node, c.hosts, c.gpus) == (7, 2, (0, 0, 0, 0, 1, 1, 2), 14)
+    assert c.nodes_spanned(range(8)) == 1 and c.nodes_spanned([7, 8]) == 2 and c.nodes_spanned([0, 12]) == 2
+    assert Cluster.of_sizes([4, 4]) == Cluster.of(8, 4)
+    with pytest.raises(Exception, match=r"\[4, 0\]"):
+        Cluster.of_sizes([4, 0])
+    # jobs that slow down with every machine they span: the live policy's plan is valid on these terms
+    # (the paper's reproductions time every spread by the profile, on any cluster)
+    rng = random.Random(7)
+    jobs = []
+    for job in random_jobs(rng, 8, c.gpus, True):
+        spreads = {(g, k): t * (1 + 0.5 * (k - 1)) for g, t in job.profile.items() for k in (2, 3) if k <= g}
+        jobs.append(type(job)(job.id, job.epochs, job.profile, placement=spreads))
+    p = PlanningInput(tuple(jobs), c, seed=1, options={"population": 8, "generations": 15})
+    assert validate.violations(registry.plan("omru", p), p) == []
+    # one job of 8 GPUs runs on the 8-GPU machine at its one-machine time
+    profile = {g: 80.0 / g if g <= 8 else 10.0 + g - 8 for g in range(1, 15)}  # best on 8
+    alone = PlanningInput((type(jobs[0])("a", 3, profile, placement={(8, 2): 20.0, (8, 3): 30.0}),), c)
+    assert registry.plan("omru", alone).makespan_s == pytest.approx(30.0)

@@ -283,7 +283,7 @@ class Engine:
         self.ran_s[r.job] += r.end - r.start
 
     def _open(self, j: int, gpus: tuple[int, ...], start: float, epochs: int, holding: bool = False) -> None:
-        nodes = len({x // self.K for x in gpus})
+        nodes = self.cluster.nodes_spanned(gpus)
         tau = self.tau(j, len(gpus), nodes)
         cost = restart_cost(self.problem, self.last[j], gpus, start)
         for x in gpus:

@@ -25,7 +25,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Sequence
 
 
 class PlanningError(ValueError):
@@ -114,16 +114,26 @@ class Job:
 
 @dataclass(frozen=True)
 class Cluster:
-    """`nodes` nodes of `gpus_per_node` GPUs each; GPU ids 0..total-1."""
+    """`nodes` nodes of `gpus_per_node` GPUs each; GPU ids 0..total-1.
+
+    `hosts` (optional, one per node) names the machine each node lies on, for clusters whose machines
+    differ in size (`of_sizes`): they are planned as nodes of the greatest common divisor of their
+    sizes, a machine of 8 GPUs beside ones of 4 as two nodes of 4 on one host. Policies pack by node;
+    spreads are timed by the machines they span (`nodes_spanned`), so no plan is timed as if a job
+    crossed machines it does not cross, nor the reverse.
+    """
 
     nodes: int
     gpus_per_node: int
+    hosts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.nodes, int) or self.nodes <= 0:
             raise PlanningError(f"nodes must be a positive integer, got {self.nodes!r}")
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node <= 0:
             raise PlanningError(f"gpus_per_node must be a positive integer, got {self.gpus_per_node!r}")
+        if self.hosts and len(self.hosts) != self.nodes:
+            raise PlanningError(f"hosts names {len(self.hosts)} nodes, the cluster has {self.nodes}")
 
     @classmethod
     def of(cls, gpus: int, gpus_per_node: int | None = None) -> "Cluster":
@@ -137,6 +147,17 @@ class Cluster:
             raise PlanningError(f"gpus ({gpus}) is not a multiple of gpus per node ({per})")
         return cls(nodes=gpus // per, gpus_per_node=per)
 
+    @classmethod
+    def of_sizes(cls, sizes: Sequence[int]) -> "Cluster":
+        """Machines of these GPU counts, in order (GPU ids run through each machine's in turn)."""
+        if not sizes or any(not isinstance(n, int) or n <= 0 for n in sizes):
+            raise PlanningError(f"machine sizes must be positive integers, got {list(sizes)!r}")
+        per = math.gcd(*sizes)
+        if len(set(sizes)) == 1:
+            return cls(nodes=len(sizes), gpus_per_node=per)
+        return cls(nodes=sum(sizes) // per, gpus_per_node=per,
+                   hosts=tuple(h for h, n in enumerate(sizes) for _ in range(n // per)))
+
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
@@ -144,8 +165,22 @@ class Cluster:
     def node_of(self, gpu: int) -> int:
         return gpu // self.gpus_per_node
 
+    def fewest_hosts(self, nodes: int) -> int:
+        """The fewest machines `nodes` nodes can lie on (`nodes` itself when no `hosts` are named)."""
+        if not self.hosts:
+            return nodes
+        sizes = sorted((self.hosts.count(h) for h in set(self.hosts)), reverse=True)
+        covered = 0
+        for k, n in enumerate(sizes, 1):
+            covered += n
+            if covered >= nodes:
+                return k
+        return len(sizes)
+
     def nodes_spanned(self, gpus) -> int:
-        """How many nodes the GPU ids `gpus` lie on."""
+        """How many machines the GPU ids `gpus` lie on."""
+        if self.hosts:
+            return len({self.hosts[g // self.gpus_per_node] for g in gpus})
         return len({g // self.gpus_per_node for g in gpus})
 
 

@@ -102,9 +102,9 @@ class NodePacker:
             self.jobs[j] = dataclasses.replace(job, epochs=job.epochs - x)
             self.hulls[j] = fluid.hull_of(self.D[j, :self.K] * (job.epochs - x) / job.epochs)
             m = -(-c // self.K)
-            self.after[j] = job.arrival_s + x * job.epoch_seconds(c, m)
-            self.free[n0:n0 + m] = [self.after[j]] * m
             gpus = tuple(range(n0 * self.K, n0 * self.K + c))
+            self.after[j] = job.arrival_s + x * job.epoch_seconds(c, self.p.cluster.nodes_spanned(gpus))
+            self.free[n0:n0 + m] = [self.after[j]] * m
             self.wide_parts.append(Segment(job.id, job.arrival_s, self.after[j], gpus, x))
             n0 += m
 
@@ -156,7 +156,8 @@ class NodePacker:
             mine = []
             for c in fluid.pareto(self.D[j]):
                 m = -(-c // K)  # whole nodes
-                tau = self.p.jobs[j].epoch_seconds(c, m) if K < c and m <= self.N else math.inf
+                tau = (self.p.jobs[j].epoch_seconds(c, self.p.cluster.fewest_hosts(m)) if K < c and m <= self.N
+                       else math.inf)
                 x = wide_epochs(E, narrow, tau, T - self.p.jobs[j].arrival_s, R) if tau < narrow else 0
                 if x:
                     mine.append((x * tau * m * K + (E - x) * narrow * K, m, (j, c, x)))

@@ -210,7 +210,7 @@ class Packer:
         tau = np.fromiter(job.profile.values(), float, G)[u - 1::u].copy()  # t(m u), PlanningInput covers 1..G
         if job.placement:
             for m in range(1, self.units + 1):  # the placement's time where the job has one
-                tau[m - 1] = job.epoch_seconds(m * u, m if self.by_node else 1)
+                tau[m - 1] = job.epoch_seconds(m * u, self.p.cluster.fewest_hosts(m) if self.by_node else 1)
         return Menu(tau, fluid.hull_of(tau * job.epochs).counts, u)
 
     # ------------------------------------------------------------ the grid plan
