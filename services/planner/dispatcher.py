@@ -83,8 +83,8 @@ CLAIM_RETRY_S = 0.2
 MAX_REFUSALS = 3
 #: The most events of one node handled (and stored, in one transaction per 100) together.
 EVENT_BATCH = 500
-#: A step that should have begun this share of the plan's makespan ago, while a GPU it needs idles,
-#: makes the planner replan.
+#: A step that should have begun this share of the plan's makespan ago, while a GPU it needs idles, or a
+#: job that ends this much earlier than planned, makes the planner replan.
 REPLAN_LATE = 0.05
 #: A job whose mean epoch time departs from the plan's by more than this share (and enough to move its
 #: end by more than REPLAN_LATE of the plan's makespan) makes the planner replan.
@@ -550,6 +550,8 @@ class Dispatcher:
                                                            finished_s=e.time_s, message=""),
                                   drop=list(dict.fromkeys(g[0] for g in r.gpus + r.target)),
                                   release=[g for g in released if self.owner.get(g) == r.job_id])
+                if self._ended_early(r.job_id):
+                    self.poke()
             self._follow_soon()
         elif e.kind == "gpus_released" and current and not r.terminal and is_self_stop(e.message):
             # the node ended the attempt it was allocated on its own (its lease lapsed, it shut down)
@@ -650,6 +652,18 @@ class Dispatcher:
                 planned, r.observed.get(world_size), r.epochs - r.epochs_done, self._plan_makespan):
             return False
         self._deviated.add(r.job_id)
+        return True
+
+    def _ended_early(self, job_id: str) -> bool:
+        """True when the job ended more than REPLAN_LATE of the plan's makespan before the plan had it end:
+        the plan did not know its GPUs would be free now (a plan that grows no one onto them leaves them
+        idle), so the planner replans, as it does when reality falls behind the plan (`late`)."""
+        tau = self._tau.get(job_id, {})
+        ends = [s.start_s + s.epochs * tau[len(s.gpus)] for s in self._steps_of.get(job_id, ()) if len(s.gpus) in tau]
+        now = (time.time() - self._plan_origin) * self.time_scale
+        if not ends or max(ends) - now <= REPLAN_LATE * self._plan_makespan:
+            return False
+        log.info("replan_on_early_end", job_id=job_id, planned_end_s=round(max(ends), 1), now_s=round(now, 1))
         return True
 
     async def _replan_loop(self) -> None:
