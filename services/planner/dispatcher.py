@@ -36,11 +36,11 @@ planner's view of free GPUs never runs ahead of the executors.
 
 Profiles: a job submitted with epoch times (workload `profile:`) uses them;
 otherwise the profiler service measures it. Every epoch an executor reports
-refines them: the planner plans with the mean epoch time observed at each GPU
-count once it settled away from the profile's (at least 3 epochs, off by more
-than 3 standard errors: noise alone moves no plan), and scales the other
-counts by the observed/profiled ratio (`corrected_profile`; off with
-learn_profiles=False). Start overhead (directive sent ->
+refines them: the planner plans with the mean epoch time observed at each
+placement (GPU count, nodes spanned) once it settled away from the time
+planned there (at least 3 epochs, off by more than 3 standard errors: noise
+alone moves no plan), and scales the other times by the observed/expected
+ratio (`timing`; off with learn_profiles=False). Start overhead (directive sent ->
 first epoch done, minus that epoch's own seconds) is measured on every
 attempt; until the first measurement the configured prior is used.
 """
@@ -159,17 +159,31 @@ def settled(seen: Sequence[float] | None, expected_s: float) -> float | None:
     return mean if abs(mean - expected_s) > SIGNIFICANCE * standard_error else None
 
 
-def corrected_profile(profile: Mapping[int, float], observed: Mapping[int, Sequence[float]]) -> dict[int, float]:
-    """The profile as the cluster runs it: counts whose observed mean settled away from the profile's time
-    (`settled`) take it; the others are scaled by the mean ratio observed / profiled over those (so a job
-    that runs slower side by side than it profiled alone is planned slower at every count)."""
-    table = epoch_table(profile, max(observed, default=1))
-    seen = {g: m for g, v in observed.items() if (m := settled(v, table[g])) is not None}
-    ratios = [seen[g] / table[g] for g in seen]
-    scale = sum(ratios) / len(ratios) if ratios else 1.0
-    out = {g: t * scale for g, t in profile.items()}
-    out.update(seen)
-    return out
+def timing(r: "JobRecord", cluster, learn: bool = True):
+    """The job's epoch times as the cluster runs them, as a core Job (its `epoch_seconds(gpus, nodes)`):
+    its profile as an `epoch_table` over the cluster's GPUs and its measured spreads; with `learn`, each
+    placement (GPUs, nodes spanned) whose observed mean settled away from that time (`settled`) takes the
+    mean there (at the tightest placement of its count, the profile's time too), and every other time is
+    scaled by the mean ratio observed / expected over those (a job that runs slower side by side than
+    it profiled alone is planned slower everywhere)."""
+    from services.planner.core.model import Job
+
+    gpus = cluster.gpus
+    table = epoch_table(r.profile, gpus, r.spec.get("min_gpus", 1), r.max_gpus)
+    base = Job(r.job_id, 1, table, placement={(g, k): t for g, k, t in r.placement if g <= gpus})
+    seen = {key: m for key, v in (r.observed.items() if learn else ())
+            if key[0] <= gpus and (m := settled(v, base.epoch_seconds(*key))) is not None}
+    if not seen:
+        return base
+    scale = sum(m / base.epoch_seconds(*key) for key, m in seen.items()) / len(seen)
+    profile = {g: t * scale for g, t in table.items()}
+    profile.update({g: m for (g, k), m in seen.items() if k == tightest(cluster, g)})
+    return Job(r.job_id, 1, profile, placement={**{key: t * scale for key, t in base.placement.items()}, **seen})
+
+
+def tightest(cluster, gpus: int) -> int:
+    """The fewest machines `gpus` GPUs of the cluster can lie on (the profile's placement)."""
+    return cluster.fewest_hosts(-(-gpus // cluster.gpus_per_node))
 
 
 def departs(planned_s: float, seen: Sequence[float] | None, epochs_left: int, makespan_s: float) -> bool:
@@ -227,9 +241,9 @@ class Dispatcher:
         self.records: dict[str, JobRecord] = {}  # every job, as stored (this planner is their one writer)
         self.steps: list[Step] = []  # the plan in force, as steps to follow
         self._steps_of: dict[str, list[Step]] = {}  # the same, by job (_adopt keeps both)
-        self._tau: dict[str, dict[int, float]] = {}  # the epoch times the plan assumed, by job and GPU count
+        self._timing: dict[str, object] = {}  # job -> the epoch times the plan assumed (a core Job, `timing`)
         self._deviated: set[str] = set()  # jobs that made the planner replan since the last plan
-        self._table_cache: dict[str, tuple] = {}  # job -> (inputs, epoch tables) of the last replan
+        self._table_cache: dict[str, tuple] = {}  # job -> (inputs, its `timing`) of the last replan
         self._first_plan_stored = False  # the batch's first plan is in etcd (it alone needs LB_fluid)
         self._origin: float | None = None  # the stored origin (Unix seconds) once read
         self._plan_origin = 0.0  # when the plan in force starts (Unix seconds)
@@ -507,12 +521,17 @@ class Dispatcher:
                 self._measured.add(attempt)  # the first epoch of this attempt
                 self.overheads.append(max(0.0, (e.time_s - r.sent_s) * self.time_scale - e.epoch_seconds))
 
+        def where(e: Event) -> tuple[int, int] | None:  # (GPUs, nodes) the epoch ran on, when known
+            held = r.gpus if e.attempt_id == attempt else ()
+            return (e.world_size, len({g[0] for g in held})) if e.world_size == len(held) else None
+
         def change(c: JobRecord) -> JobRecord:
             for e in events:
+                key = where(e)
                 c = replace(c, epochs_done=max(c.epochs_done, e.epoch),
                             accuracy=e.accuracy if e.epoch >= c.epochs_done else c.accuracy,
-                            observed=observe(c.observed, e.world_size, e.epoch_seconds)
-                            if e.world_size and e.epoch_seconds > 0 else c.observed,
+                            observed=observe(c.observed, key, e.epoch_seconds)
+                            if key and e.epoch_seconds > 0 else c.observed,
                             progress_s=e.time_s if e.attempt_id == attempt else c.progress_s)
             return c
 
@@ -521,10 +540,11 @@ class Dispatcher:
             return
         if self._due(r):
             self._follow_soon()
-        for size in dict.fromkeys(e.world_size for e in events):
-            if self._departs(r, size):
-                log.info("replan_on_deviation", job_id=r.job_id, world_size=size,
-                         observed_s=round(r.observed[size][0], 3), planned_s=self._tau[r.job_id][size])
+        for key in dict.fromkeys(filter(None, map(where, events))):
+            if self._departs(r, key):
+                log.info("replan_on_deviation", job_id=r.job_id, gpus=key[0], nodes=key[1],
+                         observed_s=round(r.observed[key][0], 3),
+                         planned_s=round(self._timing[r.job_id].epoch_seconds(*key), 3))
                 self.poke()
 
     async def _on_event(self, e: Event, released: Sequence[Gpu] = ()) -> None:
@@ -644,12 +664,12 @@ class Dispatcher:
         """True when the job's next planned step may begin at its coming epoch boundary."""
         return any(r.epochs_done + 1 >= s.after and set(s.gpus) != set(r.gpus) for s in self._steps_of.get(r.job_id, ()))
 
-    def _departs(self, r: JobRecord, world_size: int) -> bool:
-        """True (once per plan and job) when the job's mean epoch time at its size departs from the plan's
-        (`departs`)."""
-        planned = self._tau.get(r.job_id, {}).get(world_size)
-        if not planned or r.job_id in self._deviated or not departs(
-                planned, r.observed.get(world_size), r.epochs - r.epochs_done, self._plan_makespan):
+    def _departs(self, r: JobRecord, key: tuple[int, int]) -> bool:
+        """True (once per plan and job) when the job's mean epoch time at a placement (GPUs, nodes)
+        departs from the plan's (`departs`)."""
+        timing = self._timing.get(r.job_id)
+        if timing is None or key[0] not in timing.profile or r.job_id in self._deviated or not departs(
+                timing.epoch_seconds(*key), r.observed.get(key), r.epochs - r.epochs_done, self._plan_makespan):
             return False
         self._deviated.add(r.job_id)
         return True
@@ -658,8 +678,9 @@ class Dispatcher:
         """True when the job ended more than REPLAN_LATE of the plan's makespan before the plan had it end:
         the plan did not know its GPUs would be free now (a plan that grows no one onto them leaves them
         idle), so the planner replans, as it does when reality falls behind the plan (`late`)."""
-        tau = self._tau.get(job_id, {})
-        ends = [s.start_s + s.epochs * tau[len(s.gpus)] for s in self._steps_of.get(job_id, ()) if len(s.gpus) in tau]
+        timing = self._timing.get(job_id)
+        ends = [s.start_s + s.epochs * timing.epoch_seconds(len(s.gpus), len({g[0] for g in s.gpus}))
+                for s in self._steps_of.get(job_id, ()) if timing and len(s.gpus) in timing.profile]
         now = (time.time() - self._plan_origin) * self.time_scale
         if not ends or max(ends) - now <= REPLAN_LATE * self._plan_makespan:
             return False
@@ -716,7 +737,7 @@ class Dispatcher:
                        and r.state in (st.WAITING, st.STARTING, st.RUNNING, st.RESIZING)]
             if not records or not gpus:
                 return
-            problem, base, tables = self._problem(records, gpus)
+            problem, base, timings = self._problem(records, gpus)
             incumbent = self._incumbent(problem, base, gpus) if problem is not None else ()
             attempts = {r.job_id: r.attempt for r in records}
         self._planning = True
@@ -730,7 +751,7 @@ class Dispatcher:
                 moved = {j for j, a in attempts.items() if j in self.records and self.records[j].attempt != a}
                 self._adopt([x for x in plan["steps"] if x.job_id not in moved]
                             + [x for x in self.steps if x.job_id in moved])
-                self._tau = tables
+                self._timing = timings
                 self._deviated = set()
                 # (its clock starts now: what ran while the core planned is not lateness)
                 self._plan_origin, self._plan_makespan = time.time(), plan["makespan_s"]
@@ -790,7 +811,7 @@ class Dispatcher:
 
     def _problem(self, records: list[JobRecord], gpus: list[Gpu]):
         """(PlanningInput with the running jobs' current epochs as committed history, epochs done before
-        each job's first planned step, epoch tables by job); the input is None when every job is in
+        each job's first planned step, each job's `timing`); the input is None when every job is in
         its last epoch."""
         from services.planner.core.model import Cluster, Job, PlanningInput, Segment
 
@@ -800,16 +821,16 @@ class Dispatcher:
         cluster = Cluster.of_sizes(list(sizes.values()))
         index = {g: i for i, g in enumerate(gpus)}
         now, overhead = time.time(), self.overhead_s
-        tables, jobs, committed, base, cache = {}, [], [], {}, {}
+        timings, jobs, committed, base, cache = {}, [], [], {}, {}
         for r in records:
-            table, raw = self._tables(r, len(gpus), cache)
-            tables[r.job_id] = table
+            timings[r.job_id] = timing = self._timing_of(r, cluster, cache)
             left = max(r.epochs - r.epochs_done, 0)
             base[r.job_id] = r.epochs_done
             held = r.target if r.state in (st.STARTING, st.RESIZING) else r.gpus
             running = r.state != st.WAITING and held and all(g in index for g in held)
+            where = (len(held), len({g[0] for g in held})) if running else None
             if running and left:  # its epoch under way ends at its next boundary, on what it holds
-                tau = table[len(held)]
+                tau = timing.epoch_seconds(*where)
                 elapsed = (now - r.progress_s) * self.time_scale if r.state == st.RUNNING and r.progress_s else 0.0
                 until = max(tau - elapsed, 0.05 * tau) + (overhead if r.state != st.RUNNING else 0.0)
                 committed.append(Segment(r.job_id, 0.0, until, tuple(sorted(index[g] for g in held)), 1))
@@ -817,20 +838,21 @@ class Dispatcher:
                 base[r.job_id] += 1
             if left <= 0:
                 continue
-            share = overhead / left  # a (re)start, spread over the epochs left
-            planned = {g: t + share for g, t in table.items()}
+            share = overhead / left  # a (re)start, spread over the epochs left; none where it runs now
+            profile = {g: t + share for g, t in timing.profile.items()}
+            placement = {key: t + share for key, t in timing.placement.items()}
             if running:
-                planned[len(held)] = table[len(held)]
-            # measured spreads, corrected and charged in the ratio the profile's time at their count is
-            placement = {(g, k): t * planned[g] / raw[g] for g, k, t in r.placement if g <= len(gpus)}
-            jobs.append(Job(id=r.job_id, epochs=left, profile=planned, placement=placement))
+                profile[where[0]] = timing.profile[where[0]]
+                if where in placement:
+                    placement[where] = timing.placement[where]
+            jobs.append(Job(id=r.job_id, epochs=left, profile=profile, placement=placement))
         self._table_cache = cache
         if not jobs:
-            return None, base, tables
+            return None, base, timings
         options = {"deadline_s": REPLAN_DEADLINE_S if committed else PLAN_DEADLINE_S, **self.policy_options,
                    "committed": tuple(committed), "start_s": 0.0}
         return (PlanningInput(jobs=tuple(jobs), cluster=cluster, seed=self.seed, options=options,
-                              resize_cost_s=overhead), base, tables)
+                              resize_cost_s=overhead), base, timings)
 
     def _incumbent(self, problem, base: dict[str, int], gpus: list[Gpu]) -> tuple:
         """The plan in force on the problem's terms: each job's steps cut to the epochs it has left after
@@ -858,19 +880,16 @@ class Dispatcher:
                 return ()
         return tuple(out)
 
-    def _tables(self, r: JobRecord, gpus: int, cache: dict) -> tuple[dict[int, float], dict[int, float]]:
-        """(the job's epoch table as planned, the table of its profile alone when it has measured spreads),
-        kept from the last replan while its inputs are unchanged (tables over a large cluster are long)."""
-        observed = tuple((g, tuple(v)) for g, v in r.observed.items()) if self.learn_profiles else ()
-        key = (gpus, tuple(r.profile.items()), observed, r.placement != (), r.spec.get("min_gpus", 1), r.max_gpus)
+    def _timing_of(self, r: JobRecord, cluster, cache: dict):
+        """The job's `timing`, kept from the last replan while its inputs are unchanged (tables over a
+        large cluster are long)."""
+        observed = tuple((key, tuple(v)) for key, v in r.observed.items()) if self.learn_profiles else ()
+        key = (cluster, tuple(r.profile.items()), observed, r.placement, r.spec.get("min_gpus", 1), r.max_gpus)
         kept = self._table_cache.get(r.job_id)
         if kept is None or kept[0] != key:
-            profile = corrected_profile(r.profile, r.observed) if self.learn_profiles else r.profile
-            table = epoch_table(profile, gpus, key[4], key[5])
-            raw = epoch_table(r.profile, gpus, key[4], key[5]) if r.placement else {}
-            kept = (key, table, raw)
+            kept = (key, timing(r, cluster, self.learn_profiles))
         cache[r.job_id] = kept
-        return kept[1], kept[2]
+        return kept[1]
 
     async def _first_planned(self) -> bool:
         """True once the batch's first plan is stored (read from etcd once, then known)."""

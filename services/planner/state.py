@@ -58,7 +58,8 @@ class JobRecord:
     max_gpus: int = 0
     profile: dict = field(default_factory=dict)  # {gpus(int): epoch seconds}
     placement: tuple = ()  # ((gpus, nodes, epoch seconds), ...): measured spread placements
-    observed: dict = field(default_factory=dict)  # {gpus(int): [mean epoch seconds, epochs, sum of squared deviations]}
+    # {(gpus, nodes spanned): [mean epoch seconds, epochs, sum of squared deviations]}
+    observed: dict = field(default_factory=dict)
     state: str = PENDING
     epochs_done: int = 0
     world_size: int = 0
@@ -103,20 +104,28 @@ class JobRecord:
     def to_json(self) -> bytes:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "revision"}  # (json copies deep)
         d["profile"] = {str(k): v for k, v in self.profile.items()}
-        d["observed"] = {str(k): list(v) for k, v in self.observed.items()}
+        d["observed"] = {f"{g}:{k}": list(v) for (g, k), v in self.observed.items()}
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes, revision: int = 0) -> "JobRecord":
         d = json.loads(data)
         d["profile"] = {int(k): float(v) for k, v in d.get("profile", {}).items()}
-        d["observed"] = {int(k): [float(v[0]), int(v[1]), *map(float, v[2:3])] for k, v in d.get("observed", {}).items()}
+        d["observed"] = {_placement_key(k): [float(v[0]), int(v[1]), *map(float, v[2:3])]
+                         for k, v in d.get("observed", {}).items()}
         d["gpus"] = tuple((n, int(i)) for n, i in d.get("gpus", ()))
         d["target"] = tuple((n, int(i)) for n, i in d.get("target", ()))
         d["releasing"] = tuple((n, int(i)) for n, i in d.get("releasing", ()))
         d["joining"] = tuple(d.get("joining", ()))
         d["placement"] = tuple((int(g), int(k), float(t)) for g, k, t in d.get("placement", ()))
         return cls(**d, revision=revision)
+
+
+def _placement_key(key: str) -> tuple[int, int]:
+    """(gpus, nodes) of an `observed` key "gpus:nodes" (a record stored before nodes were kept: "gpus",
+    read as one node)."""
+    gpus, _, nodes = key.partition(":")
+    return int(gpus), int(nodes or 1)
 
 
 class StateRace(Exception):

@@ -9,6 +9,7 @@ import pytest
 
 from services.executor.worker.spec import TrainSpec
 from services.planner import state as st
+from services.planner.core.model import Job
 from services.planner.dispatcher import Dispatcher
 from services.planner.follow import Move, Step
 from services.planner.report import Event
@@ -193,7 +194,7 @@ async def test_a_batch_of_a_nodes_events_writes_each_jobs_epochs_once_and_stores
     """A stream that fell behind catches up in fewer writes: a job's run of epoch_done events is one record
     write, the events around it keep their order, and every event is stored with the cursor past the last."""
     d = await running(etcd_store, attempt=1, epochs_done=0)
-    d._tau["a"] = {4: 2.0}
+    d._timing["a"] = Job("a", 1, {4: 2.0})
     epoch = [Event("n0", "a", "epoch_done", 1.0 + i, seq=i + i // 3, attempt_id="a-a1", epoch=i,
                    world_size=4, epoch_seconds=2.0, accuracy=0.1 * i) for i in (1, 2, 3)]
     released = Event("n0", "a", "gpus_released", 3.5, seq=3, attempt_id="a-a0", gpus=(("n0", 0),), epoch=2)
@@ -209,7 +210,7 @@ async def test_a_batch_of_a_nodes_events_writes_each_jobs_epochs_once_and_stores
     await d.state.add_events(0, batch)
     assert len(writes) == 2  # epochs 1-2, then (after the release) epoch 3
     r = await d.state.job("a")
-    assert (r.epochs_done, r.accuracy, r.observed[4][1]) == (3, pytest.approx(0.3), 3)
+    assert (r.epochs_done, r.accuracy, r.observed[4, 2][1]) == (3, pytest.approx(0.3), 3)
     assert [(e.seq, e.kind) for e in await d.state.events()] == [(e.seq, e.kind) for e in batch]
     assert await d.state.cursor("n0") == (0, 4)
 

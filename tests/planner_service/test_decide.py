@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from services.planner.dispatcher import corrected_profile, departs, epoch_table, observe, settled
+from services.planner.dispatcher import departs, epoch_table, observe, settled, timing
 from services.planner.follow import Live, Step, blockers, follow, late
 
 N0 = [("n0", 0), ("n0", 1)]
@@ -136,22 +136,22 @@ def test_the_epoch_table_covers_every_count_without_inventing_speed_up():
     assert epoch_table({1: 5.0, 2: 3.0}, gpus=2, min_gpus=2)[1] == 500.0
 
 
-def seen(*seconds: float, gpus: int = 2, observed=None) -> dict:
+def seen(*seconds: float, gpus: int = 2, nodes: int = 1, observed=None) -> dict:
     for t in seconds:
-        observed = observe(observed or {}, gpus, t)
+        observed = observe(observed or {}, (gpus, nodes), t)
     return observed
 
 
-def test_observed_epochs_fold_into_running_statistics_per_gpu_count():
+def test_observed_epochs_fold_into_running_statistics_per_placement():
     s = seen(30.0, gpus=1, observed=seen(10.0, 14.0))
-    assert s == {2: [12.0, 2, 8.0], 1: [30.0, 1, 0.0]}  # mean, epochs, sum of squared deviations
+    assert s == {(2, 1): [12.0, 2, 8.0], (1, 1): [30.0, 1, 0.0]}  # mean, epochs, sum of squared deviations
 
 
 def test_only_a_mean_that_settled_away_from_the_expected_time_counts():
-    assert settled(seen(12.0, 12.0, 12.0)[2], 10.0) == 12.0  # three steady epochs, 20 % off
-    assert settled(seen(12.0, 12.0)[2], 10.0) is None  # two epochs say nothing yet
+    assert settled(seen(12.0, 12.0, 12.0)[2, 1], 10.0) == 12.0  # three steady epochs, 20 % off
+    assert settled(seen(12.0, 12.0)[2, 1], 10.0) is None  # two epochs say nothing yet
     # noisy epochs whose mean is off by less than 3 standard errors: noise, not a slower job
-    noisy = seen(9.0, 13.0, 10.0, 14.0)[2]  # mean 11.5, standard error 1.19
+    noisy = seen(9.0, 13.0, 10.0, 14.0)[2, 1]  # mean 11.5, standard error 1.19
     assert settled(noisy, 10.0) is None
     assert settled(noisy, 7.0) == 11.5  # 3.8 standard errors off
     assert settled([12.0, 5], 10.0) == 12.0  # a record stored before the spread was kept: no spread
@@ -159,37 +159,54 @@ def test_only_a_mean_that_settled_away_from_the_expected_time_counts():
 
 def test_a_job_departs_from_the_plan_only_when_it_moves_its_end_by_more_than_the_slack():
     # a plan of 10,000 s: the slack is 5 % of it, 500 s
-    slow = seen(120.0, 120.0, 120.0)[2]
+    slow = seen(120.0, 120.0, 120.0)[2, 1]
     assert departs(100.0, slow, 50, 10_000.0)  # 20 % slow over 50 more epochs: 1,000 s later
     assert not departs(100.0, slow, 20, 10_000.0)  # the same, 20 epochs left: 400 s, within the slack
-    assert not departs(10.0, seen(12.0, 12.0, 12.0)[2], 200, 10_000.0)  # many short epochs, 20 % off: 400 s
-    assert departs(100.0, seen(70.0, 70.0, 70.0)[2], 50, 10_000.0)  # faster counts too: 1,500 s earlier
-    assert not departs(100.0, seen(109.0, 109.0, 109.0)[2], 1_000, 10_000.0)  # within REPLAN_DEVIATION
-    assert not departs(100.0, seen(200.0, 200.0)[2], 1_000, 10_000.0)  # two epochs are no mean yet
-    assert not departs(100.0, seen(60.0, 180.0, 90.0)[2], 1_000, 10_000.0)  # mean 110, but noise
+    assert not departs(10.0, seen(12.0, 12.0, 12.0)[2, 1], 200, 10_000.0)  # many short epochs, 20 % off: 400 s
+    assert departs(100.0, seen(70.0, 70.0, 70.0)[2, 1], 50, 10_000.0)  # faster counts too: 1,500 s earlier
+    assert not departs(100.0, seen(109.0, 109.0, 109.0)[2, 1], 1_000, 10_000.0)  # within REPLAN_DEVIATION
+    assert not departs(100.0, seen(200.0, 200.0)[2, 1], 1_000, 10_000.0)  # two epochs are no mean yet
+    assert not departs(100.0, seen(60.0, 180.0, 90.0)[2, 1], 1_000, 10_000.0)  # mean 110, but noise
 
 
-def test_the_profile_follows_what_the_cluster_measured():
-    profile = {1: 20.0, 2: 10.0, 4: 6.0}
-    assert corrected_profile(profile, {}) == profile
-    # seen at 2 GPUs 50 % slower than profiled: 2 takes the measured time, the others scale by it
-    assert corrected_profile(profile, seen(15.0, 15.0, 15.0)) == {1: 30.0, 2: 15.0, 4: 9.0}
-    # two counts seen: each keeps its measurement, the rest scale by the mean ratio (1.5 and 0.5)
-    both = seen(30.0, 30.0, 30.0, gpus=1, observed=seen(5.0, 5.0, 5.0, 5.0))
-    assert corrected_profile(profile, both) == {1: 30.0, 2: 5.0, 4: 6.0}
+def test_the_epoch_times_planned_follow_what_the_cluster_measured_per_placement():
+    from services.planner.core.model import Cluster
+    from services.planner.state import JobRecord
+
+    cluster = Cluster.of(4, 2)  # 2 nodes of 2
+
+    def planned(observed, placement=()):
+        r = JobRecord(spec={"job_id": "j", "epochs": 9}, profile={1: 20.0, 2: 10.0, 4: 6.0},
+                      placement=placement, observed=observed)
+        t = timing(r, cluster)
+        return [t.epoch_seconds(g, k) for g, k in ((1, 1), (2, 1), (2, 2), (3, 2), (4, 2))]
+
+    assert planned({}) == [20.0, 10.0, 10.0, 10.0, 6.0]
+    # seen on 2 GPUs of one node 50 % slower than profiled: it takes the measured time, the others scale
+    assert planned(seen(15.0, 15.0, 15.0)) == [30.0, 15.0, 15.0, 15.0, 9.0]
+    # seen on 2 GPUs over 2 nodes, 3 times the profile's: that spread alone takes it (one node stays at
+    # 10 s), the others scale by the ratio
+    assert planned(seen(30.0, 30.0, 30.0, nodes=2)) == [60.0, 30.0, 30.0, 30.0, 18.0]
+    both = seen(30.0, 30.0, 30.0, nodes=2, observed=seen(5.0, 5.0, 5.0))  # 2 GPUs twice as fast on one node
+    assert planned(both) == [35.0, 5.0, 30.0, 17.5, 10.5]  # the ratio (3 + 0.5) / 2 where it was not seen
+    # a measured spread it confirms stays; one it contradicts moves
+    assert planned(seen(20.0, 20.0, 20.0, nodes=2), placement=((2, 2, 20.0),))[2] == 20.0
+    assert planned(seen(40.0, 40.0, 40.0, nodes=2), placement=((2, 2, 20.0),))[2] == 40.0
     # epochs as noisy as they are off, or too few, leave the profile as it is
-    assert corrected_profile(profile, seen(8.0, 13.0, 11.0)) == profile
-    assert corrected_profile(profile, seen(15.0)) == profile
+    assert planned(seen(8.0, 13.0, 11.0)) == planned({})
+    assert planned(seen(15.0)) == planned({})
     # a count the profile skips is judged against the time planned for it (the count below's)
-    assert corrected_profile(profile, seen(12.0, 12.0, 12.0, gpus=3))[3] == 12.0
+    assert planned(seen(12.0, 12.0, 12.0, gpus=3, nodes=2))[3] == 12.0
 
 
 def test_observed_epoch_times_survive_the_etcd_record():
     from services.planner.state import JobRecord
 
-    r = JobRecord(spec={"job_id": "j", "epochs": 3}, profile={1: 20.0, 2: 10.0}, observed=observe({}, 2, 12.5))
+    r = JobRecord(spec={"job_id": "j", "epochs": 3}, profile={1: 20.0, 2: 10.0}, observed=observe({}, (2, 1), 12.5))
     back = JobRecord.from_json(r.to_json())
-    assert back == r and back.observed == {2: [12.5, 1, 0.0]}
+    assert back == r and back.observed == {(2, 1): [12.5, 1, 0.0]}
+    # a record stored before placements were kept reads its counts as on one node
+    assert JobRecord.from_json(b'{"spec": {}, "observed": {"2": [12.5, 1]}}').observed == {(2, 1): [12.5, 1]}
 
 
 
