@@ -932,10 +932,10 @@ class Dispatcher:
             cap = self.records[s.job].max_gpus or len(s.gpus)
             steps.append(Step(s.job, tuple(gpus[i] for i in s.gpus[:cap]), done[s.job], s.start_s, s.epochs))
             done[s.job] += s.epochs
-        record = {
+        record = {  # times from its creation, now, once planned (as it is followed: _plan_origin)
             "version": 0, "policy": name, "created_unix_s": time.time(), "planning_seconds": seconds,
-            "makespan_s": result.makespan_s + seconds, "overhead_s": self.overhead_s, "lower_bound_s": 0.0,
-            "segments": [{"job": s.job, "start_s": s.start_s + seconds, "end_s": s.end_s + seconds,
+            "makespan_s": result.makespan_s, "overhead_s": self.overhead_s, "lower_bound_s": 0.0,
+            "segments": [{"job": s.job, "start_s": s.start_s, "end_s": s.end_s,
                           "gpus": [list(gpus[i]) for i in s.gpus], "epochs": s.epochs} for s in result.segments],
         }
         return {"steps": steps, "record": record, "makespan_s": result.makespan_s}
