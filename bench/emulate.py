@@ -20,7 +20,8 @@ service's first plan, over the offline plan: the emulation scales the jobs'
 time, not the planner's, so the first plan's wall seconds weigh `speed` times
 more than on a cluster), act/pln (the actual makespan over the service's
 first plan, both from the first submission: how faithfully the cluster
-carried out the plan it made), actual/LB, epochs run twice, GPU-seconds with two
+carried out the plan it made), asplan (the share of epochs that ran on the
+GPUs the first plan gave them), actual/LB, epochs run twice, GPU-seconds with two
 owners, the planner's plans (count, p50 and max wall seconds), the reuse gap
 (wall seconds from the moment a job could take over GPUs another job
 released to its start there, p50 and p99; services/emulator/measure.py),
@@ -57,7 +58,7 @@ ONLINE = (50, 16, 20.0)
 
 
 def header() -> None:
-    print(f"{'workload':<22} {'offline':>8} {'actual':>8} {'LB':>8} {'act/off':>7} {'pl/off':>7} {'act/pln':>7} {'act/LB':>7} {'twice':>5} "
+    print(f"{'workload':<22} {'offline':>8} {'actual':>8} {'LB':>8} {'act/off':>7} {'pl/off':>7} {'act/pln':>7} {'asplan':>6} {'act/LB':>7} {'twice':>5} "
           f"{'2owner':>6} {'plans':>5} {'plan50':>6} {'planmx':>6} {'gap50':>6} {'gap99':>6} {'etcd/s':>6} "
           f"{'ev/s':>6} {'plnCPU':>6} {'regCPU':>6} {'etcCPU':>6} {'emuCPU':>6} {'wall':>6}")
 
@@ -67,7 +68,8 @@ def row(name: str, r: dict, note: str = "") -> None:
     print(f"{name:<22} {r['offline_makespan_s']:>8.0f} {r['makespan_s']:>8.0f} {r['lower_bound_s']:>8.0f} "
           f"{r['makespan_s'] / r['offline_makespan_s']:>7.3f} "
           f"{(r['makespan_s'] - r['first_plan_at_s']) / r['offline_makespan_s']:>7.3f} "
-          f"{r['makespan_s'] / r['planned_makespan_s']:>7.3f} {r['makespan_s'] / r['lower_bound_s']:>7.3f} "
+          f"{r['makespan_s'] / r['planned_makespan_s']:>7.3f} {r['as_planned']:>6.3f} "
+          f"{r['makespan_s'] / r['lower_bound_s']:>7.3f} "
           f"{r['epochs_run_twice']:>5} {r['double_owned']:>6.1f} {c['reconciles']:>5} {c['plan_s_p50']:>6.2f} "
           f"{c['plan_s_max']:>6.2f} {c['reuse_gap_s_p50']:>6.2f} {c['reuse_gap_s_p99']:>6.2f} "
           f"{c['etcd_requests_per_s']:>6.0f} {c['executor_events_per_s']:>6.1f} {c['planner_cpu_s']:>6.0f} "

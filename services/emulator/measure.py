@@ -10,6 +10,8 @@ control plane's own delays (reuse gaps), which are wall seconds.
   epoch never reports, so it is not counted).
 - double_owned_gpu_s: GPU-seconds in which two different attempts held one
   GPU (report.ownership_conflicts over the holds).
+- as_planned: the share of epochs that ran on the very GPUs the first plan
+  gave them (replans and noise move some; at noise 0 nearly all should stay).
 - reuse gap of a hold (one attempt of one job on one node): its start minus
   the moment the attempt could begin: its GPUs, on every node it spans, all
   free (the latest release of one of them by an earlier hold) and, for a job
@@ -38,6 +40,25 @@ def in_job_seconds(events: Sequence[Event], origin_s: float, speed: float) -> li
 def epochs_run_twice(events: Sequence[Event]) -> int:
     counts = Counter((e.job_id, e.epoch) for e in events if e.kind == report.EPOCH_DONE)
     return sum(n - 1 for n in counts.values())
+
+
+def as_planned(events: Sequence[Event], holds: Sequence[Hold], first_plan: dict | None) -> float:
+    """Share of the epochs (each job's first run of each) that ran on exactly the GPUs the first plan
+    gave them (its segments in start order per job, each covering its `epochs` epochs); 0 without a plan."""
+    planned: dict[tuple[str, int], frozenset] = {}
+    done: dict[str, int] = {}
+    for seg in sorted((first_plan or {}).get("segments", ()), key=lambda seg: seg["start_s"]):
+        first = done.get(seg["job"], 0)
+        for k in range(first + 1, first + seg["epochs"] + 1):
+            planned[seg["job"], k] = frozenset((n, int(i)) for n, i in seg["gpus"])
+        done[seg["job"]] = first + seg["epochs"]
+    ran_on: dict[str, set] = {}
+    for h in holds:
+        ran_on.setdefault(h.attempt_id, set()).update(h.gpus)
+    firsts = {(e.job_id, e.epoch): e.attempt_id for e in reversed(events) if e.kind == report.EPOCH_DONE}
+    if not firsts or not planned:
+        return 0.0
+    return sum(planned.get(key) == ran_on.get(attempt) for key, attempt in firsts.items()) / len(firsts)
 
 
 def double_owned_gpu_s(holds: Sequence[Hold]) -> float:
@@ -114,7 +135,7 @@ def figures(events: Sequence[Event], origin_s: float, speed: float, gpus: int, j
     shifted = [replace(s, start_s=s.start_s + plan_origin, end_s=s.end_s + plan_origin) for s in plan]
     # the first plan's wait (submission to plan) in job seconds: the emulation scales the jobs' time, not
     # the planner's, so a plan that takes 5 wall s weighs `speed` times more here than on a cluster
-    return {**f.to_dict(), "first_plan_at_s": plan_origin}, hs, shifted
+    return {**f.to_dict(), "first_plan_at_s": plan_origin, "as_planned": as_planned(events, hs, first_plan)}, hs, shifted
 
 
 def control(events: Sequence[Event], holds: Sequence[Hold], speed: float, wall_s: float,

@@ -137,3 +137,19 @@ def test_a_reuse_gap_counts_from_when_all_of_an_attempts_gpus_were_free():
              # y moves onto e's GPU, idle since 20, at its own epoch boundary (60): from 60 on, not from 20
              hold("e", "e-a1", "n4", 0.0, 20.0), hold("y", "y-a1", "n3", 0.0, 60.0), hold("y", "y-a2", "n4", 63.0, 90.0)]
     assert sorted(measure.reuse_gaps(holds)) == [1.0, 2.0, 3.0]
+
+
+def test_as_planned_is_the_share_of_epochs_run_on_the_gpus_the_first_plan_gave_them():
+    plan = {"segments": [{"job": "a", "start_s": 0.0, "gpus": [["n0", 0], ["n0", 1]], "epochs": 2},
+                         {"job": "a", "start_s": 9.0, "gpus": [["n1", 0]], "epochs": 2}]}
+    holds = [report.Hold("a", "a-a1", "n0", (("n0", 0), ("n0", 1)), 0.0, 9.0, 2),
+             report.Hold("a", "a-a2", "n0", (("n0", 0),), 9.0, 20.0, 1)]  # not where planned (n1)
+
+    def epoch(k, attempt):
+        return report.Event("n0", "a", report.EPOCH_DONE, float(k), attempt_id=attempt, epoch=k)
+
+    events = [epoch(1, "a-a1"), epoch(2, "a-a1"), epoch(3, "a-a2"), epoch(4, "a-a2"), epoch(4, "a-a2")]
+    assert measure.as_planned(events, holds, plan) == 0.5  # epochs 1-2 as planned, 3-4 elsewhere
+    assert measure.as_planned(events, holds[:1] + [report.Hold("a", "a-a2", "n1", (("n1", 0),), 9.0, 20.0, 1)],
+                              plan) == 1.0
+    assert measure.as_planned(events, holds, None) == 0.0

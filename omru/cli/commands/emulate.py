@@ -13,6 +13,8 @@ unless named wall: makespan_s, planned_makespan_s (the service's first plan),
 first_plan_at_s (when the service stored its first plan: the planning wait,
 which the emulation does not scale, so it weighs S times more than on a
 cluster; ratios are given from the submission and from the first plan),
+as_planned (the share of epochs that ran on the GPUs the first plan gave
+them),
 offline_makespan_s (the policy on the same input in the core, as `omru
 simulate` plans it), lower_bound_s (LB_fluid), epochs_run_twice, double_owned
 (GPU-seconds two jobs held one GPU), directives refused (the job waits for the next plan) and failures with
@@ -138,8 +140,10 @@ def format_report(r: dict) -> str:
         f"offline plan {r['offline_makespan_s']:.0f} s  LB_fluid {lb:.0f} s (job seconds)",
         f"ratios        actual/offline {ratio(r['makespan_s'], r['offline_makespan_s'])}  "
         f"(from the first plan {ratio(r['makespan_s'] - r['first_plan_at_s'], r['offline_makespan_s'])}, "
-        f"{r['first_plan_at_s']:.0f} s after the submission)  actual/LB {ratio(r['makespan_s'], lb)}  utilisation {r['utilisation'] * 100:.1f} %  "
-        f"resizes {len(r['resizes'])}",
+        f"{r['first_plan_at_s']:.0f} s after the submission)  actual/first plan "
+        f"{ratio(r['makespan_s'], r['planned_makespan_s'])}  actual/LB {ratio(r['makespan_s'], lb)}  "
+        f"utilisation {r['utilisation'] * 100:.1f} %  resizes {len(r['resizes'])}  "
+        f"epochs on the GPUs the first plan gave them {r['as_planned'] * 100:.1f} %",
         f"correctness   epochs run twice {r['epochs_run_twice']}  double-owned GPU-seconds {r['double_owned']:.1f}  "
         f"directives refused {r['refusals']}  jobs failed {len(r['failures'])}",
         f"control       {c['reconciles']} plans (p50 {c['plan_s_p50']:.2f} s, p99 {c['plan_s_p99']:.2f} s, "
