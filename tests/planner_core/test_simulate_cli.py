@@ -1,4 +1,5 @@
-"""`omru simulate`: output on the paper's data, and bad input -> exit 2 with the problem named."""
+"""`omru simulate`: output on the paper's data, partial profiles, and bad input -> exit 2 with the
+problem named."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from omru.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_ROWS = "job,epochs,gpus,epoch_seconds\na,10,1,4.0\na,10,2,2.5\nb,5,1,3.0\nb,5,2,2.0\n"
-# Job a has times on 1 and 3 GPUs, not on 2.
-GAP_ROWS = GOOD_ROWS.replace("a,10,2,2.5\n", "") + "a,10,3,2.0\nb,5,3,1.5\n"
+# Rows at 1, 2 and 4 GPUs only (job c: at 2 and 4), for a cluster of 16.
+PARTIAL_ROWS = ("job,epochs,gpus,epoch_seconds\na,10,1,40.0\na,10,2,25.0\na,10,4,15.0\n"
+                "b,5,1,30.0\nb,5,2,20.0\nb,5,4,12.0\nc,8,2,22.0\nc,8,4,14.0\n")
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -63,11 +65,9 @@ def test_human_output_shows_the_table_makespan_utilisation_and_bounds(capsys, tm
 @pytest.mark.parametrize(
     "text, args, message",
     [
-        (GAP_ROWS, ("--gpus", 3), "job 'a' has no epoch time for 2 GPUs"),
         (GOOD_ROWS.replace("a,10,2,2.5", "a,10,2,-1"), ("--gpus", 2), "epoch_seconds must be positive, got '-1'"),
         (GOOD_ROWS.replace("a,10,2,2.5", "a,10,2,0"), ("--gpus", 2), "epoch_seconds must be positive"),
         (GOOD_ROWS.replace("b,5,", "b,0,"), ("--gpus", 2), "epochs must be positive, got '0'"),
-        (GOOD_ROWS, ("--gpus", 4), "the cluster has 4 GPUs, more than the profile of job 'a' covers (up to 2"),
         (GOOD_ROWS, ("--gpus", 2, "--policy", "fastest"), "unknown policy 'fastest'"),
         ("job,epochs,gpu,seconds\na,1,1,2\n", ("--gpus", 1), "missing column(s) gpus, epoch_seconds"),
         (GOOD_ROWS + "b,5,3\n", ("--gpus", 2), "line 6: expected 4 fields"),
@@ -79,9 +79,9 @@ def test_human_output_shows_the_table_makespan_utilisation_and_bounds(capsys, tm
         (GOOD_ROWS, ("--gpus", 2, "--gpus-per-node", 3), "not a multiple of gpus per node (3)"),
         (GOOD_ROWS, ("--gpus", 0), "gpus must be a positive integer, got 0"),
     ],
-    ids=["missing-gpu-count", "negative-time", "zero-time", "zero-epochs", "gpus-beyond-profile",
-         "unknown-policy", "missing-columns", "short-row", "long-row", "not-a-number",
-         "inconsistent-epochs", "empty-file", "task-without-column", "nodes-do-not-divide", "zero-gpus"],
+    ids=["negative-time", "zero-time", "zero-epochs", "unknown-policy", "missing-columns", "short-row",
+         "long-row", "not-a-number", "inconsistent-epochs", "empty-file", "task-without-column",
+         "nodes-do-not-divide", "zero-gpus"],
 )
 def test_bad_input_exits_2_with_one_line_naming_the_problem(capsys, tmp_path, text, args, message):
     argv = ["--profiles", csv_file(tmp_path, text), *args]
@@ -105,10 +105,25 @@ def test_unknown_task_names_the_tasks_there_are(capsys):
 
 
 def test_the_installed_command_reports_bad_input_without_a_traceback(tmp_path):
-    bad = csv_file(tmp_path, GAP_ROWS)
+    bad = csv_file(tmp_path, GOOD_ROWS.replace("a,10,2,2.5", "a,10,2,-1"))
     proc = subprocess.run(
-        [sys.executable, "-m", "omru", "simulate", "--profiles", str(bad), "--gpus", "3", "--policy", "omru-ga"],
+        [sys.executable, "-m", "omru", "simulate", "--profiles", str(bad), "--gpus", "2", "--policy", "omru-ga"],
         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120,
     )
     assert proc.returncode == 2
-    assert "job 'a' has no epoch time for 2 GPUs" in proc.stderr and "Traceback" not in proc.stderr
+    assert "epoch_seconds must be positive, got '-1'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("policy", ["omru", "omru-ga", "sequential", "parallel", "tiresias"])
+def test_a_profile_with_rows_at_1_2_and_4_gpus_plans_on_16_gpus(capsys, tmp_path, policy):
+    code, out, err = run(capsys, "--profiles", csv_file(tmp_path, PARTIAL_ROWS), "--gpus", 16, "--gpus-per-node", 4,
+                         "--policy", policy, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["gpus"] == 16 and result["jobs"] == 3
+    epochs: dict[str, int] = {}
+    for s in result["segments"]:
+        assert len(s["gpus"]) <= 4, s
+        epochs[s["job"]] = epochs.get(s["job"], 0) + s["epochs"]
+    assert epochs == {"a": 10, "b": 5, "c": 8}
+    assert result["makespan_s"] * (1 + 1e-9) >= result["lower_bounds"]["fluid_s"]

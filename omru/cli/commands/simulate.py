@@ -3,17 +3,22 @@
     omru simulate --profiles CSV [--task TASK] --gpus G [--gpus-per-node K]
                   --policy NAME [--seed S] [--resize-cost SECONDS] [--json]
 
-The CSV has one row per job and GPU count: `job,epochs,gpus,epoch_seconds`,
-optionally `task` (rows of other tasks are dropped with --task), `nodes`
-(the row's time for its GPUs spread over that many nodes), `arrival_s` and
-`requested_gpus` (see services/planner/core/profiles.py). --resize-cost
-charges every change of a running job's GPU set (checkpoint + restart); a
-plan is run as the cluster would run it (placement times and resize costs
-charged, nothing starting before its job arrives) before it is measured. `--json`
-prints one object: policy, gpus, jobs (how many), makespan_s, utilization
-(honest: busy GPU-seconds / (G * makespan)), reference_utilization (the
-reference code's formula, its quirk included), lower_bounds {length_s,
-area_s, fluid_s, static_s}, plan_seconds (wall time of planning), segments.
+The CSV has one row per job and GPU count measured:
+`job,epochs,gpus,epoch_seconds`, optionally `task` (rows of other tasks are
+dropped with --task), `nodes` (the row's time for its GPUs spread over that
+many nodes), `arrival_s` and `requested_gpus` (see
+services/planner/core/profiles.py). A job needs rows only at the counts
+measured: its largest is the most GPUs it gets, whatever G is, and a count
+between takes the time of the nearest measured count below it (one below the
+smallest measured scales it ideally; see services/planner/core/model.py).
+--resize-cost charges every change of a running job's GPU set (checkpoint +
+restart); a plan is run as the cluster would run it (placement times and
+resize costs charged, nothing starting before its job arrives) before it is
+measured. `--json` prints one object: policy, gpus, jobs (how many),
+makespan_s, utilization (honest: busy GPU-seconds / (G * makespan)),
+reference_utilization (the reference code's formula, its quirk included),
+lower_bounds {length_s, area_s, fluid_s, static_s}, plan_seconds (wall time
+of planning), segments.
 """
 
 from __future__ import annotations
