@@ -1,5 +1,5 @@
-"""`omru simulate`: output on the paper's data, partial profiles, and bad input -> exit 2 with the
-problem named."""
+"""`omru simulate`: output on the paper's data, partial profiles, policy options, and bad input ->
+exit 2 with the problem named."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from core_builders import PROFILES_CSV
+from omru.cli.commands.simulate import parse_options
 from omru.cli.main import main
+from services.planner.core import profiles, registry
+from services.planner.core.model import Cluster, PlanningInput
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_ROWS = "job,epochs,gpus,epoch_seconds\na,10,1,4.0\na,10,2,2.5\nb,5,1,3.0\nb,5,2,2.0\n"
@@ -78,10 +81,23 @@ def test_human_output_shows_the_table_makespan_utilisation_and_bounds(capsys, tm
         (GOOD_ROWS, ("--gpus", 2, "--task", "image"), "no 'task' column"),
         (GOOD_ROWS, ("--gpus", 2, "--gpus-per-node", 3), "not a multiple of gpus per node (3)"),
         (GOOD_ROWS, ("--gpus", 0), "gpus must be a positive integer, got 0"),
+        (GOOD_ROWS, ("--gpus", 2, "--option", "population=x"), "population must be an integer >= 2, got 'x'"),
+        (GOOD_ROWS, ("--gpus", 2, "--option", "generations=-3"), "generations must be an integer >= 0, got -3"),
+        (GOOD_ROWS, ("--gpus", 2, "--option", "populations=20"),
+         "policy 'omru-ga' has no option 'populations'; its options: generations, population"),
+        (GOOD_ROWS, ("--gpus", 2, "--option", "seed=3"), "no option 'seed' (the seed is --seed)"),
+        (GOOD_ROWS, ("--gpus", 2, "--policy", "sequential", "--option", "population=20"),
+         "policy 'sequential' has no option 'population'; its options: none"),
+        (GOOD_ROWS, ("--gpus", 2, "--option", "population"), "--option 'population' is not KEY=VALUE"),
+        (GOOD_ROWS, ("--gpus", 2, "--option", "=3"), "--option '=3' is not KEY=VALUE"),
+        (GOOD_ROWS, ("--gpus", 2, "--option", "population=4", "--option", "population=6"),
+         "--option population given twice"),
     ],
     ids=["negative-time", "zero-time", "zero-epochs", "unknown-policy", "missing-columns", "short-row",
          "long-row", "not-a-number", "inconsistent-epochs", "empty-file", "task-without-column",
-         "nodes-do-not-divide", "zero-gpus"],
+         "nodes-do-not-divide", "zero-gpus", "option-not-a-number", "option-out-of-range", "unknown-option",
+         "seed-as-option", "option-of-another-policy", "option-without-value", "option-without-key",
+         "option-twice"],
 )
 def test_bad_input_exits_2_with_one_line_naming_the_problem(capsys, tmp_path, text, args, message):
     argv = ["--profiles", csv_file(tmp_path, text), *args]
@@ -127,3 +143,30 @@ def test_a_profile_with_rows_at_1_2_and_4_gpus_plans_on_16_gpus(capsys, tmp_path
         epochs[s["job"]] = epochs.get(s["job"], 0) + s["epochs"]
     assert epochs == {"a": 10, "b": 5, "c": 8}
     assert result["makespan_s"] * (1 + 1e-9) >= result["lower_bounds"]["fluid_s"]
+
+
+def test_options_reach_the_policy(capsys):
+    jobs = profiles.load_csv(PROFILES_CSV, task="image")
+    small = {"population": 2, "generations": 0}
+    direct = registry.plan("omru-ga", PlanningInput(tuple(jobs), Cluster.of(8), seed=3, options=small))
+    default = registry.plan("omru-ga", PlanningInput(tuple(jobs), Cluster.of(8), seed=3))
+    assert direct.makespan_s != default.makespan_s  # (else this test could not tell them apart)
+    code, out, _ = run(capsys, "--profiles", PROFILES_CSV, "--task", "image", "--gpus", 8, "--policy", "omru-ga",
+                       "--seed", 3, "--option", "population=2", "--option", "generations=0", "--json")
+    assert code == 0
+    assert json.loads(out)["makespan_s"] == direct.makespan_s
+
+
+@pytest.mark.parametrize("policy", registry.names())
+def test_every_option_a_policy_declares_is_read_and_checked(capsys, tmp_path, policy):
+    for key in registry.options(policy):
+        code, out, err = run(capsys, "--profiles", csv_file(tmp_path, GOOD_ROWS), "--gpus", 2, "--policy", policy,
+                             "--option", f"{key}=bogus")
+        assert code == 2 and out == ""
+        assert key in err and "'bogus'" in err, err
+
+
+def test_option_values_are_integers_else_finite_numbers_else_strings():
+    parsed = parse_options(["a=3", "b=2.5", "c=1e3", "d=fast", "e=inf", "f=nan", "g= 7 "])
+    assert parsed == {"a": 3, "b": 2.5, "c": 1000.0, "d": "fast", "e": "inf", "f": "nan", "g": 7}
+    assert [type(parsed[k]) for k in "abcd"] == [int, float, float, str]

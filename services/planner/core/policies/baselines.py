@@ -116,7 +116,7 @@ class _Shares:
                 e.start(j, self.counts[j])
 
 
-@register("tiresias")
+@register("tiresias", options=("las_threshold_s", "quantum_s"))
 def tiresias(problem: PlanningInput) -> Plan:
     """Discretised least-attained-service on the requested GPU counts, preemptive."""
     counts = requested(problem)
@@ -165,7 +165,7 @@ def time_shares(problem: PlanningInput, counts: list[int]) -> tuple[float, list[
     return hi, [float(v) for v in x]
 
 
-@register("min-total-duration")
+@register("min-total-duration", options=("quantum_s",))
 def min_total_duration(problem: PlanningInput) -> Plan:
     """Gavel-style: LP time shares on the requested GPU counts, realised in rounds."""
     counts = requested(problem)

@@ -521,7 +521,7 @@ def _move(order: tuple[int, ...], i: int, k: int) -> tuple[int, ...]:
     return rest[:k] + (order[i],) + rest[k:]
 
 
-@register("omru")
+@register("omru", options=("deadline_s", "makespan_tolerance"))
 def omru(problem: PlanningInput) -> Plan:
     """Fluid-guided packing or list scheduling, whichever ends first (see module docstring)."""
     committed = problem.options.get("committed", ())

@@ -263,8 +263,9 @@ def _ga_policy(name: str, reuse: bool):
         return _to_plan(name, problem, tab, decode(tab, best, reuse)[1])
 
     policy.__name__ = name.replace("-", "_")
-    policy.__doc__ = f"The OMRU genetic search, {'with' if reuse else 'without'} idle-slice reuse."
-    return register(name)(policy)
+    policy.__doc__ = (f"The OMRU genetic search, {'with' if reuse else 'without'} idle-slice reuse; options "
+                      "population (default 50) and generations (default 1000).")
+    return register(name, options=("generations", "population"))(policy)
 
 
 omru_ga = _ga_policy("omru-ga", reuse=True)
