@@ -60,6 +60,7 @@ from services.common.logging import get_logger
 from services.executor.servicer import is_refusal
 from services.executor.supervisor import is_self_stop
 from services.planner import state as st
+from services.planner.core.model import epoch_table as filled_table
 from services.planner.follow import Live, Move, Step, blockers, follow, late
 from services.planner.report import Event
 from services.planner.state import JobRecord, PlannerState
@@ -108,18 +109,13 @@ PLAN_DEADLINE_S = 5.0
 def epoch_table(profile: Mapping[int, float], gpus: int, min_gpus: int = 1, max_gpus: int = 0) -> dict[int, float]:
     """Seconds per epoch for every count 1..gpus from a (possibly partial) measured profile.
 
-    Unmeasured counts take the nearest measured count below (no speed-up is
+    Gaps are filled by the planning core's rule (core/model.py `epoch_table`):
+    unmeasured counts take the nearest measured count below (no speed-up is
     assumed that was not measured); counts below the smallest measured one
     scale it ideally. Counts above max_gpus cost slightly more than max_gpus
     and counts below min_gpus a hundredfold, so policies avoid them.
     """
-    known = sorted(profile)
-    table: dict[int, float] = {}
-    below = 0  # how many measured counts are <= g
-    for g in range(1, gpus + 1):
-        while below < len(known) and known[below] <= g:
-            below += 1
-        table[g] = profile[known[below - 1]] if below else profile[known[0]] * known[0] / g
+    table = filled_table(profile, gpus)
     if max_gpus:
         for g in range(max_gpus + 1, gpus + 1):
             table[g] = table[max_gpus] * (1 + 0.01 * (g - max_gpus))

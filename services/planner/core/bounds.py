@@ -1,5 +1,9 @@
 """Lower bounds on the makespan, with D_j(g) = E_j * t_j(g), g in 1..G.
 
+A job profiled up to fewer GPUs than G cannot run on more: above its largest
+count D_j(g) is its time there (fluid.durations), never faster and more
+GPU-seconds, so those counts lower none of the bounds below.
+
 length: max_j min_g D_j(g)             (no job can finish faster)
 area:   sum_j min_g g D_j(g) / G       (the work must fit on G GPUs)
 fluid:  the LP where each job splits its work over GPU counts (valid when

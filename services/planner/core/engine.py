@@ -16,7 +16,9 @@ construction:
 - a segment that does not continue the job's previous segment on the same
   GPUs at the same instant pays `resize_cost_s` (checkpoint + restart) on
   top of its epochs;
-- no job starts before its arrival.
+- no job starts before its arrival;
+- no job runs on more GPUs than its largest profiled count (`Job.max_gpus`):
+  a start or resize asking more gets that many.
 
 `committed` segments (from an online replay) are fixed history: their GPUs
 are busy until they end, and a job may continue on its committed GPUs at
@@ -163,8 +165,9 @@ class Engine:
     # ------------------------------------------------------------ actions
 
     def start(self, j: int, g: int, epochs: int | None = None) -> bool:
-        """Start waiting job j on g free GPUs now, for `epochs` of its epochs (all that are
-        left if None; it waits again after them); False if g GPUs are not free."""
+        """Start waiting job j on g free GPUs now (at most its max_gpus), for `epochs` of its epochs
+        (all that are left if None; it waits again after them); False if g GPUs are not free."""
+        g = min(g, self.jobs[j].max_gpus)
         if j in self.running or self.remaining[j] <= 0 or g > self.free_count or g <= 0:
             return False
         prev = self.last[j]
@@ -177,7 +180,9 @@ class Engine:
         return True
 
     def resize(self, j: int, g: int) -> float | None:
-        """Move running job j to g GPUs from its next epoch boundary; returns its new end, or None."""
+        """Move running job j to g GPUs (at most its max_gpus) from its next epoch boundary; returns
+        its new end, or None."""
+        g = min(g, self.jobs[j].max_gpus)
         r = self.running.get(j)
         if r is None or g == len(r.gpus) or r.start > self.now + EPS:
             return None

@@ -52,12 +52,13 @@ class Hull:
 
 
 def durations(problem: PlanningInput) -> np.ndarray:
-    """D[j, g-1] = E_j t_j(g) for g = 1..G (best placement)."""
+    """D[j, g-1] = E_j t_j(g) for g = 1..G (best placement). Above a job's largest profiled count
+    its time there (`Job.table`): no faster and more GPU-seconds, such a count is on no hull and
+    lowers no bound, as if the job could not take it."""
     G = problem.cluster.gpus
-    # Profiles are sorted by GPU count and cover 1..G (PlanningInput checks), so the first G values are t(1..G).
     D = np.empty((len(problem.jobs), G))
     for i, job in enumerate(problem.jobs):
-        D[i] = np.fromiter(job.profile.values(), float, G) * job.epochs
+        D[i] = np.fromiter(job.table(G), float, G) * job.epochs
     return D
 
 

@@ -1,9 +1,14 @@
 """The planner's data model: frozen dataclasses, no I/O.
 
-A job runs `epochs` epochs; its profile gives seconds per epoch by GPU count.
-The cluster is `nodes` x `gpus_per_node` identical GPUs; GPU id g lies on node
-g // gpus_per_node. A plan is a list of segments: job runs `epochs` whole
-epochs on exactly `gpus` during [start_s, end_s).
+A job runs `epochs` epochs; its profile gives seconds per epoch by GPU count,
+measured at some counts: its largest is the most GPUs the job can use
+(`Job.max_gpus`, whatever the cluster's size; no plan gives it more, the
+validator checks), and the counts below it not measured are timed by one rule
+(`filled`): the time of the nearest measured count below (no speed-up is
+assumed that was not measured), or below the smallest measured count, that
+one's time scaled ideally. The cluster is `nodes` x `gpus_per_node` identical
+GPUs; GPU id g lies on node g // gpus_per_node. A plan is a list of segments:
+job runs `epochs` whole epochs on exactly `gpus` during [start_s, end_s).
 
 Room for what comes after the paper's batch setting (unused by the reference
 policies, checked by the validator where it applies): a job's `arrival_s`
@@ -21,8 +26,9 @@ slowest measured.
 
 from __future__ import annotations
 
+import itertools
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
@@ -32,9 +38,34 @@ class PlanningError(ValueError):
     """Input the planner cannot work with; the message names the bad value."""
 
 
+def filled(profile: Mapping[int, float], counts: Sequence[int], gpus: int) -> float:
+    """Seconds per epoch on `gpus` GPUs from a measured profile whose counts, ascending, are `counts`.
+
+    The one rule for a count not measured (the planner service's too): the time
+    of the nearest measured count below it (no speed-up is assumed that was not
+    measured; above the largest, the largest's time), and below the smallest
+    measured count k, t(k) k / gpus (ideal scaling).
+    """
+    below = bisect_right(counts, gpus)
+    return profile[counts[below - 1]] if below else profile[counts[0]] * counts[0] / gpus
+
+
+def epoch_table(profile: Mapping[int, float], gpus: int) -> dict[int, float]:
+    """Seconds per epoch on every count 1..gpus from a measured profile, complete or not (`filled`)."""
+    counts = sorted(profile)
+    if not counts:
+        raise PlanningError("the profile gives no epoch time for any GPU count")
+    return {g: filled(profile, counts, g) for g in range(1, gpus + 1)}
+
+
 @dataclass(frozen=True)
 class Job:
-    """One training job: `epochs` epochs, `profile[g]` seconds per epoch on g GPUs."""
+    """One training job: `epochs` epochs, `profile[g]` seconds per epoch on g GPUs as measured.
+
+    The profile may be partial: its largest count is the most GPUs the job may
+    run on (`max_gpus`), and `epoch_seconds` times the counts below it that it
+    does not give (`filled`).
+    """
 
     id: str
     epochs: int
@@ -49,7 +80,7 @@ class Job:
         if not isinstance(self.epochs, int) or self.epochs <= 0:
             raise PlanningError(f"job {self.id!r}: epochs must be a positive integer, got {self.epochs!r}")
         if not self.profile:
-            raise PlanningError(f"job {self.id!r}: profile is empty")
+            raise PlanningError(f"job {self.id!r}: the profile gives no epoch time for any GPU count")
         for g, t in self.profile.items():
             if not isinstance(g, int) or g <= 0:
                 raise PlanningError(f"job {self.id!r}: GPU count must be a positive integer, got {g!r}")
@@ -68,6 +99,7 @@ class Job:
             if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
                 raise PlanningError(f"job {self.id!r}: epoch time on {key[0]} GPUs over {key[1]} nodes must be positive, got {t!r}")
         object.__setattr__(self, "profile", MappingProxyType(dict(sorted(self.profile.items()))))
+        object.__setattr__(self, "_counts", tuple(self.profile))
         object.__setattr__(self, "placement", MappingProxyType(dict(sorted(self.placement.items()))))
         # per GPU count with measured spreads: (nodes ascending, the slowest time up to each)
         spreads: dict[int, tuple[list[int], list[float]]] = {}
@@ -95,13 +127,13 @@ class Job:
                 fewer = bisect_left(measured[0], nodes)
                 if fewer:
                     return max(measured[1][fewer - 1], self.profile.get(gpus, 0.0))
-        try:
-            return self.profile[gpus]
-        except KeyError:
+        t = self.profile.get(gpus)
+        if t is not None:
+            return t
+        if not 1 <= gpus <= self.max_gpus:
             raise PlanningError(
-                f"job {self.id!r} has no epoch time for {gpus} GPUs "
-                f"(profile covers {','.join(map(str, self.profile))})"
-            ) from None
+                f"job {self.id!r} runs on 1 to {self.max_gpus} GPUs (its largest profiled count), not {gpus!r}")
+        return filled(self.profile, self._counts, gpus)
 
     def duration(self, gpus: int, nodes: int | None = None) -> float:
         """D_j(g): seconds for all epochs on `gpus` GPUs."""
@@ -109,7 +141,19 @@ class Job:
 
     @property
     def max_gpus(self) -> int:
-        return max(self.profile)
+        """The largest profiled count: the most GPUs the job may run on."""
+        return self._counts[-1]
+
+    def table(self, gpus: int) -> list[float]:
+        """Seconds per epoch on 1..gpus GPUs (index g-1), on counts above `max_gpus` its time there: they
+        are never faster and cost more GPU-seconds, so no bound or plan of least time or GPU-seconds
+        takes them (and no plan may: policies cap a job's GPUs at `max_gpus`)."""
+        m = min(gpus, self.max_gpus)
+        if self._counts[m - 1:m] == (m,):  # (measured at every count 1..m)
+            times = list(itertools.islice(self.profile.values(), m))
+        else:
+            times = [filled(self.profile, self._counts, g) for g in range(1, m + 1)]
+        return times + [self.profile[self.max_gpus]] * (gpus - m)
 
 
 @dataclass(frozen=True)
@@ -186,7 +230,11 @@ class Cluster:
 
 @dataclass(frozen=True)
 class PlanningInput:
-    """Everything a policy sees: the jobs, the cluster, and policy options."""
+    """Everything a policy sees: the jobs, the cluster, and policy options.
+
+    A job's profile need not reach the cluster's size: every policy gives a job at most its
+    `max_gpus` GPUs, and reads its times over 1..G from `Job.table`.
+    """
 
     jobs: tuple[Job, ...]
     cluster: Cluster
@@ -206,19 +254,6 @@ class PlanningInput:
             if job.id in seen:
                 raise PlanningError(f"duplicate job id {job.id!r}")
             seen.add(job.id)
-        G = self.cluster.gpus
-        for job in self.jobs:
-            if job.max_gpus < G:
-                raise PlanningError(
-                    f"the cluster has {G} GPUs, more than the profile of job {job.id!r} covers "
-                    f"(up to {job.max_gpus} GPUs)"
-                )
-            missing = [g for g in range(1, G + 1) if g not in job.profile]
-            if missing:
-                raise PlanningError(
-                    f"job {job.id!r} has no epoch time for {_counts(missing)} GPUs; the cluster has "
-                    f"{G} GPUs, so the profile must cover 1..{G} (it covers {_counts(list(job.profile))})"
-                )
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
     def __getstate__(self) -> dict:
@@ -232,10 +267,6 @@ class PlanningInput:
             if job.id == job_id:
                 return job
         raise KeyError(job_id)
-
-
-def _counts(values: list[int]) -> str:
-    return ",".join(map(str, values))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ others: such jobs are first bundled, K lanes per node (longest first, each
 into the lane gap that fits it best, lanes no longer than the bundle's
 first job), and a bundle is placed as one node. Every job then runs on as
 few nodes as its GPU count allows, and the times planned are the times of
-the placement it gets.
+the placement it gets. A job given more GPUs than its largest profiled count
+(a node wider than that) runs on the first `max_gpus` of them, at that
+count's time, and the rest stay idle.
 
 Bucket rounding only makes the grid pessimistic: `Packer.segments` places
 each part in the grid's order on the units it was given, as early as its
@@ -202,15 +204,16 @@ class Packer:
         self.first_cost = [self.rc if j in self.history else 0.0 for j in range(len(problem.jobs))]
         self.menus = [self._menu(j) for j in problem.jobs]
         # Sub-node options (bundled on one node): epoch seconds on 1..K-1 GPUs of one node.
-        self.small = [np.array([j.epoch_seconds(g, 1) for g in range(1, self.K)]) if self.by_node else None
-                      for j in problem.jobs]
+        self.small = [np.array([j.epoch_seconds(g, 1) for g in range(1, min(self.K, j.max_gpus + 1))])
+                      if self.by_node else None for j in problem.jobs]
 
     def _menu(self, job) -> Menu:
         u, G = self.unit, self.p.cluster.gpus
-        tau = np.fromiter(job.profile.values(), float, G)[u - 1::u].copy()  # t(m u), PlanningInput covers 1..G
+        tau = np.fromiter(job.table(G), float, G)[u - 1::u].copy()  # t(m u); above max_gpus, t(max_gpus)
         if job.placement:
             for m in range(1, self.units + 1):  # the placement's time where the job has one
-                tau[m - 1] = job.epoch_seconds(m * u, self.p.cluster.fewest_hosts(m) if self.by_node else 1)
+                g = min(m * u, job.max_gpus)  # (the GPUs it runs on, see _segment)
+                tau[m - 1] = job.epoch_seconds(g, self.p.cluster.fewest_hosts(-(-g // u)) if self.by_node else 1)
         return Menu(tau, fluid.hull_of(tau * job.epochs).counts, u)
 
     # ------------------------------------------------------------ the grid plan
@@ -445,9 +448,11 @@ class Packer:
         return out
 
     def _segment(self, j: int, gpus: tuple[int, ...], epochs: int, free_at, last) -> Segment:
-        """Job j's next segment on `gpus`, as early as they, the job and its arrival allow."""
+        """Job j's next segment on `gpus` (the first max_gpus of them), as early as they, the job and
+        its arrival allow."""
         p = self.p
         job = p.jobs[j]
+        gpus = gpus[:job.max_gpus]
         prev = last.get(j)
         start = max([self.not_before[j]] + [free_at[x] for x in gpus] + ([prev[1]] if prev else []))
         end = start + restart_cost(p, prev, gpus, start) + epochs * job.epoch_seconds(
@@ -462,9 +467,9 @@ def grow_tail(problem: PlanningInput, segments: list[Segment], busy_until: list[
               rounds: int) -> list[Segment]:
     """Shorten a plan from its end: the job that ends last moves, after some epochs of its last
     segment, onto more GPUs that nothing uses from then on (its own, and others that come free;
-    up to a node's worth on one node, or whole nodes), pausing until they are free when that
-    pays, if that ends it earlier after the resize cost. Repeats while the makespan falls,
-    `rounds` at most.
+    up to a node's worth on one node, or whole nodes; never more than its max_gpus), pausing
+    until they are free when that pays, if that ends it earlier after the resize cost. Repeats
+    while the makespan falls, `rounds` at most.
     """
     segs = list(segments)
     c = problem.cluster
@@ -489,8 +494,8 @@ def grow_tail(problem: PlanningInput, segments: list[Segment], busy_until: list[
             free_at[g] = first  # its own: free once it stops
         best = None
         for count, spanned, ready, gpus in _wider(free_at, len(s.gpus), K, c.nodes):
-            if best is not None and ready >= best[0]:
-                break  # the rest are ready later still
+            if (best is not None and ready >= best[0]) or count > job.max_gpus:
+                break  # the rest are ready later still, or wider than the job can run
             t_new = job.epoch_seconds(count, spanned)
             done = max(1, math.floor((ready - first) / tau + 1e-9))
             for k in (done, done + 1):  # stop at the boundary before it is ready and wait, or after

@@ -1,6 +1,7 @@
 """Profiles from CSV: `job,epochs,gpus,epoch_seconds` (+ optional columns).
 
-One row per job and GPU count. Optional columns:
+One row per job and GPU count measured (a job needs no row at the counts
+between, see model.py `epoch_table`). Optional columns:
 - `task`: rows of other tasks are dropped when a task is asked for;
 - `nodes`: the row's epoch time holds for its GPUs spread over that many
   nodes (placement); a blank `nodes` is the job's time on its best

@@ -1,7 +1,8 @@
 """The one place that checks a plan against its input.
 
 Rules: every segment names a known job, holds distinct GPU ids of the
-cluster and at least one epoch; no segment starts before 0 or before its
+cluster, no more of them than its job's largest profiled count (`max_gpus`),
+and at least one epoch; no segment starts before 0 or before its
 job's arrival; no GPU is in two overlapping segments; the segments of one job
 never overlap; each job gets exactly its epochs (none, if the plan lists it as
 unplaced); every segment lasts at least epochs * t_job(len(gpus), nodes
@@ -54,8 +55,9 @@ def violations(plan: Plan, problem: PlanningInput) -> list[str]:
             out.append(f"{name}: GPU ids {bad} outside 0..{G - 1}")
         if s.epochs <= 0:
             out.append(f"{name}: {s.epochs} epochs")
-        if len(s.gpus) not in job.profile:
-            out.append(f"{name}: no epoch time for {len(s.gpus)} GPUs")
+        if len(s.gpus) > job.max_gpus:
+            out.append(f"{name}: {len(s.gpus)} GPUs, more than job {job.id}'s largest profiled count "
+                       f"({job.max_gpus})")
         else:
             nodes = problem.cluster.nodes_spanned(s.gpus)
             need = s.epochs * job.epoch_seconds(len(s.gpus), nodes)
@@ -99,7 +101,7 @@ def _unpaid_restarts(plan: Plan, problem: PlanningInput, tol: float) -> list[str
         prev = None
         for i, s in segs:
             cost = restart_cost(problem, prev, s.gpus, s.start_s)
-            if cost and len(s.gpus) in job.profile:
+            if cost and len(s.gpus) <= job.max_gpus:
                 need = s.epochs * job.epoch_seconds(len(s.gpus), problem.cluster.nodes_spanned(s.gpus)) + cost
                 if s.end_s - s.start_s < need - tol:
                     out.append(f"segment {i} ({job_id}): lasts {s.end_s - s.start_s:.6g} s, restarts on new GPUs "

@@ -1,6 +1,7 @@
 """Cluster-scheduler baselines, on the same engine as `omru`.
 
-Rigid ones keep each job's `requested_gpus` (1 GPU where the job names none):
+Rigid ones keep each job's `requested_gpus` (1 GPU where the job names none;
+at most the cluster's GPUs and the job's largest profiled count):
 
 - `fifo`: arrival order, strict (the head of the queue blocks the rest).
 - `sjf`: shortest job (on its requested GPUs) first, smaller ones backfill.
@@ -31,9 +32,9 @@ from services.planner.core.registry import register
 
 
 def requested(problem: PlanningInput) -> list[int]:
-    """Each job's rigid GPU count: requested_gpus (capped at the cluster), else 1."""
+    """Each job's rigid GPU count: requested_gpus (capped at the cluster and its max_gpus), else 1."""
     G = problem.cluster.gpus
-    return [min(j.requested_gpus or 1, G) for j in problem.jobs]
+    return [min(j.requested_gpus or 1, G, j.max_gpus) for j in problem.jobs]
 
 
 def _option(problem: PlanningInput, name: str, default: float) -> float:
@@ -115,7 +116,7 @@ class _Shares:
                 e.start(j, self.counts[j])
 
 
-@register("tiresias")
+@register("tiresias", options=("las_threshold_s", "quantum_s"))
 def tiresias(problem: PlanningInput) -> Plan:
     """Discretised least-attained-service on the requested GPU counts, preemptive."""
     counts = requested(problem)
@@ -164,7 +165,7 @@ def time_shares(problem: PlanningInput, counts: list[int]) -> tuple[float, list[
     return hi, [float(v) for v in x]
 
 
-@register("min-total-duration")
+@register("min-total-duration", options=("quantum_s",))
 def min_total_duration(problem: PlanningInput) -> Plan:
     """Gavel-style: LP time shares on the requested GPU counts, realised in rounds."""
     counts = requested(problem)

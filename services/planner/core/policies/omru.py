@@ -228,10 +228,11 @@ class _Omru:
             e.resize(j, best)
 
     def _wider(self, e: Engine, j: int, free: int) -> list[int]:
-        """Counts running job j may grow to with `free` more GPUs."""
+        """Counts running job j may grow to with `free` more GPUs (up to its max_gpus)."""
         g = len(e.running[j].gpus)
-        options = [c for c in self.hulls[j].counts if g < c <= g + free]
-        return options if self.hull_only else options + [g + free]
+        top = min(g + free, e.jobs[j].max_gpus)
+        options = [c for c in self.hulls[j].counts if g < c <= top]
+        return options if self.hull_only or top <= g else options + [top]
 
 
 def _target(h: fluid.Hull, T: float) -> int:
@@ -520,7 +521,7 @@ def _move(order: tuple[int, ...], i: int, k: int) -> tuple[int, ...]:
     return rest[:k] + (order[i],) + rest[k:]
 
 
-@register("omru")
+@register("omru", options=("deadline_s", "makespan_tolerance"))
 def omru(problem: PlanningInput) -> Plan:
     """Fluid-guided packing or list scheduling, whichever ends first (see module docstring)."""
     committed = problem.options.get("committed", ())

@@ -4,7 +4,11 @@ Faithful to the reference (see docs: the OMRU algorithm): a chromosome gives
 each job an order label; jobs with one label form a group; groups run in label
 order as batches; spare GPUs go one at a time to the slowest job of a group;
 with reuse, idle slices of a batch host whole epochs of the next batch's jobs.
-Only the GPU ids are ours (placement.py), the reference leaves them implicit.
+Only the GPU ids are ours (placement.py), the reference leaves them implicit,
+and so are the caps for jobs profiled up to fewer GPUs than the cluster has
+(the reference's profiles cover 1..G; on those nothing changes): no job gets
+more than its largest profiled count (spare GPUs it cannot take go to the
+others, or stay idle), and no slice hosts a guest that cannot use its GPUs.
 """
 
 from __future__ import annotations
@@ -28,13 +32,15 @@ class _Slice:
 
 
 class _Tables:
-    """t[j][g] and E[j] as plain lists: the decoder runs 50,000 times per plan."""
+    """t[j][g], E[j] and cap[j] (the most GPUs job j may get) as plain lists: the decoder runs
+    50,000 times per plan."""
 
     def __init__(self, problem: PlanningInput) -> None:
         self.G = problem.cluster.gpus
         self.n = len(problem.jobs)
         self.E = [j.epochs for j in problem.jobs]
-        self.t = [[0.0] + [j.epoch_seconds(g) for g in range(1, self.G + 1)] for j in problem.jobs]
+        self.t = [[0.0] + j.table(self.G) for j in problem.jobs]
+        self.cap = [min(j.max_gpus, self.G) for j in problem.jobs]
 
     def length(self, s: _Slice) -> float:
         """The slice's own work (without a hosted guest)."""
@@ -43,14 +49,17 @@ class _Tables:
 
 def _grow(tab: _Tables, jobs: list[int], spare: int) -> list[int]:
     """Hand out `spare` GPUs one at a time to the job with the largest
-    current completion time E_j * t_j(g_j); first in order wins ties."""
+    current completion time E_j * t_j(g_j) among those below their cap;
+    first in order wins ties. GPUs no job can take stay idle."""
     g = [1] * len(jobs)
     for _ in range(spare):
-        best, best_c = 0, -1.0
+        best, best_c = -1, -1.0
         for i, j in enumerate(jobs):
             c = tab.E[j] * tab.t[j][g[i]]
-            if c > best_c:
+            if c > best_c and g[i] < tab.cap[j]:
                 best, best_c = i, c
+        if best < 0:
+            break
         g[best] += 1
     return g
 
@@ -86,7 +95,7 @@ def _reuse(tab: _Tables, batches: list[list[_Slice]]) -> None:
         later = sorted(nxt, key=lambda s: -tab.length(s))
         for (r, host), guest in zip(idle, later):
             e = min(math.floor(r / tab.t[guest.job][host.gpus]), guest.epochs)
-            if e > 0:
+            if e > 0 and host.gpus <= tab.cap[guest.job]:
                 host.guest, host.guest_epochs = guest.job, e
                 guest.epochs -= e
 
@@ -140,9 +149,9 @@ def _to_plan(name: str, problem: PlanningInput, tab: _Tables, batches: list[list
 
 @register("sequential")
 def sequential(problem: PlanningInput) -> Plan:
-    """Jobs one after another, each on all G GPUs."""
+    """Jobs one after another, each on all G GPUs (or as many as it can use)."""
     tab = _Tables(problem)
-    batches = [[_Slice(j, tab.G, tab.E[j])] for j in range(tab.n)]
+    batches = [[_Slice(j, tab.cap[j], tab.E[j])] for j in range(tab.n)]
     return _to_plan("sequential", problem, tab, batches)
 
 
@@ -183,10 +192,12 @@ def optimus(problem: PlanningInput) -> Plan:
         for _ in range(tab.G - tab.n):
             best, best_gain = -1, -math.inf
             for j in jobs:
-                if g[j] < tab.G:
+                if g[j] < tab.cap[j]:
                     gain = tab.E[j] * (tab.t[j][g[j]] - tab.t[j][g[j] + 1]) / g[j]
                     if gain > best_gain:
                         best, best_gain = j, gain
+            if best < 0:
+                break  # every job at its cap: the rest stay idle
             g[best] += 1
         batch = [_Slice(j, g[j], tab.E[j]) for j in jobs]
         return _to_plan("optimus", problem, tab, [batch])
@@ -252,8 +263,9 @@ def _ga_policy(name: str, reuse: bool):
         return _to_plan(name, problem, tab, decode(tab, best, reuse)[1])
 
     policy.__name__ = name.replace("-", "_")
-    policy.__doc__ = f"The OMRU genetic search, {'with' if reuse else 'without'} idle-slice reuse."
-    return register(name)(policy)
+    policy.__doc__ = (f"The OMRU genetic search, {'with' if reuse else 'without'} idle-slice reuse; options "
+                      "population (default 50) and generations (default 1000).")
+    return register(name, options=("generations", "population"))(policy)
 
 
 omru_ga = _ga_policy("omru-ga", reuse=True)
