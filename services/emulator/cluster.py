@@ -206,7 +206,8 @@ def submission(jobs: Sequence[Job], gpus_per_node: int):
     would measure: up to SUBMITTED_SPREAD nodes more than the fewest that hold
     the GPUs (a batch of 1,000 Pollux jobs on 1,024 GPUs has 1,536 placement
     rows per job; the planner keeps each job's profile in one etcd record).
-    The emulated nodes run every placement at the CSV's time.
+    A job's largest count in the CSV is its max_gpus. The emulated nodes run
+    every placement at the CSV's time.
     """
     from omru.v1 import planner_pb2
     from omru.workload import WorkloadJob
@@ -216,7 +217,7 @@ def submission(jobs: Sequence[Job], gpus_per_node: int):
     specs, profiles = [], []
     for j in jobs:
         specs.append(convert.job_spec(WorkloadJob(spec=TrainSpec(job_id=j.id, model="resnet18", dataset="synthetic",
-                                                                 epochs=j.epochs), max_gpus=0)))
+                                                                 epochs=j.epochs), max_gpus=j.max_gpus)))
         times, last = {}, None
         for g, t in sorted(j.profile.items()):
             if t != last:

@@ -7,7 +7,7 @@ import dataclasses
 import random
 from pathlib import Path
 
-from services.planner.core import profiles
+from services.planner.core import profiles, registry
 from services.planner.core.model import Cluster, Job, PlanningInput
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "profiles"
@@ -15,6 +15,8 @@ PROFILES_CSV = EXAMPLES / "v100_epoch_times.csv"
 REFERENCE_CSV = EXAMPLES / "reference_results.csv"
 
 ALL_POLICIES = ("sequential", "parallel", "optimus", "omru-noreuse", "omru-ga")
+# The core's own policies (test modules of the planner service register some of their own).
+CORE_POLICIES = tuple(n for n in registry.names() if registry.get(n).__module__.startswith("services.planner.core"))
 # Policies that never change a running job's GPU count (LB_static applies).
 STATIC_POLICIES = ("sequential", "parallel", "optimus", "omru-noreuse")
 

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from core_builders import rich_instance
+from core_builders import CORE_POLICIES, rich_instance
 from services.planner.core import bounds, fluid, profiles, registry, simulator, validate
 from services.planner.core.model import Cluster, Job, Plan, PlanningError, PlanningInput, Segment
 from services.planner.core.policies import omru
@@ -32,7 +32,7 @@ def batch() -> list[Job]:
 
 
 @pytest.mark.parametrize("per_node", [4, 8, 16])
-@pytest.mark.parametrize("name", registry.names())
+@pytest.mark.parametrize("name", CORE_POLICIES)
 def test_every_policy_plans_partial_profiles_on_64_gpus_within_each_jobs_largest_count(name, per_node):
     p = PlanningInput(tuple(batch()), Cluster.of(64, per_node), options={"population": 8, "generations": 20})
     plan = registry.plan(name, p)
@@ -78,7 +78,7 @@ def test_random_partial_profiles_with_placements_arrivals_and_resize_costs_keep_
         jobs.append(dataclasses.replace(j, profile=keep, placement={k: t for k, t in j.placement.items() if k[0] <= top}))
     p = PlanningInput(tuple(jobs), base.cluster, seed=seed, resize_cost_s=base.resize_cost_s,
                       options={"population": 6, "generations": 10})
-    for name in registry.names():
+    for name in CORE_POLICIES:
         plan = registry.plan(name, p)
         if validate.violations(plan, p):  # reference policies ignore placement and resize cost: charged
             plan = simulator.replay(plan, p)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from core_builders import PROFILES_CSV
+from core_builders import CORE_POLICIES, PROFILES_CSV
 from omru.cli.commands.simulate import parse_options
 from omru.cli.main import main
 from services.planner.core import profiles, registry
@@ -157,7 +157,7 @@ def test_options_reach_the_policy(capsys):
     assert json.loads(out)["makespan_s"] == direct.makespan_s
 
 
-@pytest.mark.parametrize("policy", registry.names())
+@pytest.mark.parametrize("policy", CORE_POLICIES)
 def test_every_option_a_policy_declares_is_read_and_checked(capsys, tmp_path, policy):
     for key in registry.options(policy):
         code, out, err = run(capsys, "--profiles", csv_file(tmp_path, GOOD_ROWS), "--gpus", 2, "--policy", policy,
