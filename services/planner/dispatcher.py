@@ -671,14 +671,19 @@ class Dispatcher:
         return True
 
     def _ended_early(self, job_id: str) -> bool:
-        """True when the job ended more than REPLAN_LATE of the plan's makespan before the plan had it end:
-        the plan did not know its GPUs would be free now (a plan that grows no one onto them leaves them
-        idle), so the planner replans, as it does when reality falls behind the plan (`late`)."""
-        timing = self._timing.get(job_id)
+        """True when the job ended more than REPLAN_LATE of the plan's makespan before the plan had it end,
+        leaving a GPU no later step of the plan uses: the plan did not know it would be free now, and
+        left as it is it idles (GPUs the plan hands over to others are taken over early by following
+        it), so the planner replans, as it does when reality falls behind the plan (`late`)."""
+        timing, mine = self._timing.get(job_id), self._steps_of.get(job_id, ())
         ends = [s.start_s + s.epochs * timing.epoch_seconds(len(s.gpus), len({g[0] for g in s.gpus}))
-                for s in self._steps_of.get(job_id, ()) if timing and len(s.gpus) in timing.profile]
+                for s in mine if timing and len(s.gpus) in timing.profile]
         now = (time.time() - self._plan_origin) * self.time_scale
         if not ends or max(ends) - now <= REPLAN_LATE * self._plan_makespan:
+            return False
+        taken = {g for s in self.steps if s.job_id != job_id and s.after + s.epochs > getattr(
+            self.records.get(s.job_id), "epochs_done", s.after + s.epochs) for g in s.gpus}
+        if all(g in taken for s in mine for g in s.gpus):
             return False
         log.info("replan_on_early_end", job_id=job_id, planned_end_s=round(max(ends), 1), now_s=round(now, 1))
         return True
