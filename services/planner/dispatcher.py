@@ -246,6 +246,7 @@ class Dispatcher:
         self._plan_makespan = 0.0  # its makespan (plan seconds)
         self.deposed = asyncio.Event()  # a write was fenced off: another planner leads now
         self.standby_of = None  # the Election this planner campaigns in (None: it was started directly)
+        self.started = asyncio.Event()  # elected and its state loaded: it acts (`leading`)
         self.plan_version = 0
         self._late_in = -1  # the plan version found late (and replanned on) last
         self._planning = False  # the core is making a plan (reconcile)
@@ -263,6 +264,7 @@ class Dispatcher:
         self.owner = await self.state.claims()
         self._tasks = [asyncio.create_task(self._follow_cluster()), asyncio.create_task(self._replan_loop()),
                        asyncio.create_task(self._follow_loop())]
+        self.started.set()
         self.poke()
 
     async def stop(self) -> None:
@@ -276,6 +278,7 @@ class Dispatcher:
             await ch.close()
         self._tasks, self._followers, self._channels, self.nodes = [], {}, {}, {}
         self._adopt([])
+        self.started.clear()
         self.deposed.clear()
         for pool in self._pools.values():  # (a plan under way ends with its child, which then exits)
             pool.shutdown(wait=False, cancel_futures=True)
@@ -284,7 +287,7 @@ class Dispatcher:
     @property
     def leading(self) -> bool:
         """True once started (elected): only then does this planner write."""
-        return bool(self._tasks)
+        return self.started.is_set()
 
     def _broken(self, event: str, exc: Exception, **fields) -> None:
         """Log a failure of a loop that retries; a fenced write means this planner was deposed."""

@@ -21,6 +21,9 @@ from services.planner.state import JobRecord
 from services.registry import validation
 
 
+ELECTED_WAIT_S = 10.0  # the longest a write waits for this planner's election and start
+
+
 class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
     """omru.v1.PlannerService over one `Dispatcher`."""
 
@@ -28,12 +31,24 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         self.dispatcher = dispatcher
 
     async def _leading(self, context) -> None:
-        """UNAVAILABLE (retry elsewhere) unless this planner leads: only the leader writes."""
-        if not self.dispatcher.leading:
-            election = self.dispatcher.standby_of
-            leader = await election.leader() if election is not None else ""
-            await abort(context, grpc.StatusCode.UNAVAILABLE,
-                        f"this planner is on standby; the leader is {leader or 'being elected'}")
+        """UNAVAILABLE (retry elsewhere) unless this planner leads: only the leader writes.
+
+        A planner elected (or being elected, no other leader) but still loading
+        its state makes the call wait for it, within the call's deadline."""
+        if self.dispatcher.leading:
+            return
+        election = self.dispatcher.standby_of
+        leader = await election.leader() if election is not None else ""
+        left = context.time_remaining()
+        until = time.monotonic() + min(ELECTED_WAIT_S, (left if left is not None else ELECTED_WAIT_S) - 0.5)
+        while election is not None and leader in ("", election.identity) and time.monotonic() < until:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.dispatcher.started.wait(), 0.5)
+            if self.dispatcher.leading:
+                return
+            leader = await election.leader()
+        await abort(context, grpc.StatusCode.UNAVAILABLE,
+                    f"this planner is on standby; the leader is {leader or 'being elected'}")
 
     @grpc_errors
     async def SubmitJobs(self, request, context):

@@ -83,3 +83,43 @@ async def test_a_leader_paused_past_its_lease_is_deposed_and_stands_by_when_it_r
     assert "standby" in err.value.details() and f"pid {second.proc.pid}" in err.value.details()
     await submit(b, "three")
     assert first.proc.poll() is None  # still serving, on standby
+
+
+async def test_a_write_to_a_planner_just_elected_waits_for_it_to_load_its_state(etcd, registry, etcd_store):
+    """Elected, the planner loads its state before it acts; a write meanwhile waits instead of bouncing."""
+    from services.common import config as cfg
+    from services.common.etcd import Election, EtcdStore
+    from services.planner.dispatcher import Dispatcher
+    from services.planner.server import start
+    from services.planner.servicer import PlannerServicer
+    from services.planner.state import LEADER, PlannerState
+
+    class SlowState(PlannerState):
+        async def jobs(self):
+            await asyncio.sleep(1.5)
+            return await super().jobs()
+
+    store = EtcdStore(etcd.endpoint)
+    await store.connect()
+    d = Dispatcher(SlowState(store), registry.address, profiler="127.0.0.1:1")
+    config = cfg.PlannerConfig(server=cfg.ServerConfig(port=0), etcd=cfg.EtcdConfig(endpoint=etcd.endpoint),
+                               registry=registry.address, profiler="127.0.0.1:1")
+    running = await start(config, PlannerServicer(d))
+    d.standby_of = Election(store, LEADER, "this planner", TTL)
+    channel = open_channel(running.address)
+    try:
+        await d.standby_of.campaign()
+        starting = asyncio.create_task(d.start())
+        await asyncio.sleep(0.2)
+        assert not d.leading
+        began = time.monotonic()
+        await submit(planner_pb2_grpc.PlannerServiceStub(channel), "one")
+        assert d.leading and time.monotonic() - began > 0.5
+        await starting
+        assert (await etcd_store.get("planner/jobs/one")) is not None
+    finally:
+        await channel.close()
+        await d.stop()
+        await running.stop(0)
+        await d.standby_of.resign()
+        await store.close()
