@@ -20,6 +20,12 @@ control plane's own delays (reuse gaps), which are wall seconds.
   onto wait, by plan, for its epoch boundary; neither is a hand-over delay.
   Only attempts that take over at least one GPU from another job count (a
   start on GPUs idle long before is the plan's choice).
+- critical chain: where the makespan went. From the job that ended last,
+  back through the job whose hold on one of its first GPUs ended last before
+  it started, to a job that waited for no one; for those jobs, the actual
+  waits (start minus its predecessor's end) and runs (first start to last
+  end) beside the first plan's, so a late end reads as late hand-overs
+  (waits) or slow runs (start overhead, epoch times).
 """
 
 from __future__ import annotations
@@ -105,6 +111,52 @@ def reuse_gaps(holds: Sequence[Hold]) -> list[float]:
     return gaps
 
 
+def critical_chain(holds: Sequence[Hold], planned: Sequence[report.PlannedSegment]) -> dict:
+    """The chain of jobs that set the makespan (module docstring), first job first, and its sums.
+
+    Each link: job, actual start/end, planned start/end (None when the plan
+    had no segment of it), wait (start minus the predecessor's end; the first
+    link's: its start). Totals: wait and run, actual and planned."""
+    if not holds:
+        return {"links": [], "wait_s": 0.0, "run_s": 0.0, "planned_wait_s": 0.0, "planned_run_s": 0.0}
+    span: dict[str, list[float]] = {}
+    for h in holds:
+        s = span.setdefault(h.job_id, [h.start_s, h.end_s])
+        s[0], s[1] = min(s[0], h.start_s), max(s[1], h.end_s)
+    plan: dict[str, list[float]] = {}
+    for seg in planned:
+        p = plan.setdefault(seg.job_id, [seg.start_s, seg.end_s])
+        p[0], p[1] = min(p[0], seg.start_s), max(p[1], seg.end_s)
+    by_gpu: dict = {}
+    for h in holds:
+        for g in h.gpus:
+            by_gpu.setdefault(g, []).append(h)
+    chain, job, seen = [], max(span, key=lambda j: span[j][1]), set()
+    while job is not None and job not in seen:
+        seen.add(job)
+        start = span[job][0]
+        first = {g for h in holds if h.job_id == job and h.start_s == start for g in h.gpus}
+        before = [h for g in first for h in by_gpu[g] if h.job_id != job and h.end_s <= start + 1e-9]
+        pred = max(before, key=lambda h: h.end_s).job_id if before else None
+        chain.append((job, pred))
+        job = pred
+    links = []
+    for job, pred in reversed(chain):
+        (start, end), planned_span = span[job], plan.get(job)
+        wait = start - (span[pred][1] if pred else 0.0)
+        planned_wait = None
+        if planned_span is not None:
+            planned_wait = planned_span[0] - (plan[pred][1] if pred in plan else 0.0)
+        links.append({"job": job, "start_s": start, "end_s": end, "wait_s": wait,
+                      "planned_start_s": planned_span[0] if planned_span else None,
+                      "planned_end_s": planned_span[1] if planned_span else None, "planned_wait_s": planned_wait})
+    return {"links": links, "wait_s": sum(link["wait_s"] for link in links),
+            "run_s": sum(link["end_s"] - link["start_s"] for link in links),
+            "planned_wait_s": sum(link["planned_wait_s"] or 0.0 for link in links),
+            "planned_run_s": sum(link["planned_end_s"] - link["planned_start_s"] for link in links
+                                 if link["planned_end_s"] is not None)}
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-quantile (0..1) by the nearest rank; 0 for no values."""
     if not values:
@@ -135,7 +187,8 @@ def figures(events: Sequence[Event], origin_s: float, speed: float, gpus: int, j
     shifted = [replace(s, start_s=s.start_s + plan_origin, end_s=s.end_s + plan_origin) for s in plan]
     # the first plan's wait (submission to plan) in job seconds: the emulation scales the jobs' time, not
     # the planner's, so a plan that takes 5 wall s weighs `speed` times more here than on a cluster
-    return {**f.to_dict(), "first_plan_at_s": plan_origin, "as_planned": as_planned(events, hs, first_plan)}, hs, shifted
+    return {**f.to_dict(), "first_plan_at_s": plan_origin, "as_planned": as_planned(events, hs, first_plan),
+            "critical_chain": critical_chain(hs, shifted)}, hs, shifted
 
 
 def control(events: Sequence[Event], holds: Sequence[Hold], speed: float, wall_s: float,

@@ -153,3 +153,20 @@ def test_as_planned_is_the_share_of_epochs_run_on_the_gpus_the_first_plan_gave_t
     assert measure.as_planned(events, holds[:1] + [report.Hold("a", "a-a2", "n1", (("n1", 0),), 9.0, 20.0, 1)],
                               plan) == 1.0
     assert measure.as_planned(events, holds, None) == 0.0
+
+
+def test_the_critical_chain_follows_the_hand_overs_back_from_the_job_that_ended_last():
+    H, P = report.Hold, report.PlannedSegment
+    holds = [H("a", "a-1", "n0", (("n0", 0),), 1.0, 10.0, 1),
+             H("x", "x-1", "n1", (("n1", 0),), 0.0, 30.0, 1),  # ends late but waits for no one and hands nothing over
+             H("b", "b-1", "n0", (("n0", 0), ("n0", 1)), 12.0, 20.0, 2),
+             H("c", "c-1", "n0", (("n0", 1),), 25.0, 40.0, 1),  # ended last: after b on n0:1
+             H("d", "d-1", "n1", (("n1", 0),), 31.0, 35.0, 1)]
+    planned = [P("a", 0.0, 9.0, (("n0", 0),)), P("b", 9.0, 15.0, (("n0", 0), ("n0", 1))),
+               P("c", 15.0, 30.0, (("n0", 1),))]
+    chain = measure.critical_chain(holds, planned)
+    assert [link["job"] for link in chain["links"]] == ["a", "b", "c"]
+    assert [link["wait_s"] for link in chain["links"]] == [1.0, 2.0, 5.0]
+    assert [link["planned_wait_s"] for link in chain["links"]] == [0.0, 0.0, 0.0]
+    assert (chain["wait_s"], chain["run_s"], chain["planned_run_s"]) == (8.0, 32.0, 30.0)
+    assert measure.critical_chain([], planned)["links"] == []

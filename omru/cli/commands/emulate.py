@@ -14,7 +14,8 @@ first_plan_at_s (when the service stored its first plan: the planning wait,
 which the emulation does not scale, so it weighs S times more than on a
 cluster; ratios are given from the submission and from the first plan),
 as_planned (the share of epochs that ran on the GPUs the first plan gave
-them),
+them), critical_chain (the jobs whose hand-overs set the makespan, with their
+waits and runs beside the first plan's: late hand-overs or slow runs),
 offline_makespan_s (the policy on the same input in the core, as `omru
 simulate` plans it), lower_bound_s (LB_fluid), epochs_run_twice, double_owned
 (GPU-seconds two jobs held one GPU), directives refused (the job waits for the next plan) and failures with
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_report(r: dict) -> str:
-    c = r["control"]
+    c, chain = r["control"], r["critical_chain"]
     lb = r["lower_bound_s"]
     ratio = lambda a, b: f"{a / b:.3f}" if b > 0 else "-"  # noqa: E731
     done = sum(1 for j in r["jobs"] if j["finished"])
@@ -144,6 +145,8 @@ def format_report(r: dict) -> str:
         f"{ratio(r['makespan_s'], r['planned_makespan_s'])}  actual/LB {ratio(r['makespan_s'], lb)}  "
         f"utilisation {r['utilisation'] * 100:.1f} %  resizes {len(r['resizes'])}  "
         f"epochs on the GPUs the first plan gave them {r['as_planned'] * 100:.1f} %",
+        f"critical chain {len(chain['links'])} jobs up to the last end: waits {chain['wait_s']:.0f} s "
+        f"(planned {chain['planned_wait_s']:.0f} s), runs {chain['run_s']:.0f} s (planned {chain['planned_run_s']:.0f} s)",
         f"correctness   epochs run twice {r['epochs_run_twice']}  double-owned GPU-seconds {r['double_owned']:.1f}  "
         f"directives refused {r['refusals']}  jobs failed {len(r['failures'])}",
         f"control       {c['reconciles']} plans (p50 {c['plan_s_p50']:.2f} s, p99 {c['plan_s_p99']:.2f} s, "
