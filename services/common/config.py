@@ -183,6 +183,7 @@ class PlannerConfig:
     start_overhead_s: float = 4.0  # prior of a start's (restart's) cost until one is measured
     time_scale: float = 1.0  # job seconds per wall second: > 1 only for an emulated cluster (omru emulate)
     leader_ttl_s: int = 15  # the leader's lease: a standby takes over within this and a poll after it dies
+    trial_timeout_s: float = 600.0  # a profiling trial that runs longer is stopped
 
     def __post_init__(self) -> None:
         check_endpoint("registry address", self.registry)
@@ -193,6 +194,8 @@ class PlannerConfig:
             raise ConfigError(f"leader_ttl_s {self.leader_ttl_s!r} is not in 1..3600")
         if not (isinstance(self.time_scale, (int, float)) and 0 < self.time_scale <= 1e6):
             raise ConfigError(f"time_scale {self.time_scale!r} is not in (0, 1e6]")
+        if not (isinstance(self.trial_timeout_s, (int, float)) and 1 <= self.trial_timeout_s <= 86400):
+            raise ConfigError(f"trial_timeout_s {self.trial_timeout_s!r} is not in [1, 86400]")
 
 
 @dataclass(frozen=True)
