@@ -62,7 +62,6 @@ def _real_folder(name: str, value) -> Path:
 #: Identities (certificate CN and DNS SAN, see deploy/make-certs.sh) of the services.
 PLANNER_IDENTITY = "omru-planner"
 REGISTRY_IDENTITY = "omru-registry"
-PROFILER_IDENTITY = "omru-profiler"
 
 
 @dataclass(frozen=True)
@@ -213,7 +212,6 @@ class ExecutorConfig:
     warm_workers: bool = True  # a worker with torch imported waits on each device (no import at job start)
     planner_identity: str = PLANNER_IDENTITY  # with mutual TLS: who may send directives
     registry_identity: str = REGISTRY_IDENTITY  # with mutual TLS: whose allocations the node follows
-    profiler_identity: str = PROFILER_IDENTITY  # with mutual TLS: who may run profiling trials
     checkpoint_root: Path | None = None  # directives' checkpoint folders lie under it; None = default_checkpoint_root()
     data_roots: tuple[Path, ...] = ()  # imagefolder:/clips: folders lie under one; () = built-in data sets only
 
@@ -225,7 +223,6 @@ class ExecutorConfig:
         check_id("node_id", self.node_id)
         check_id("planner_identity", self.planner_identity)
         check_id("registry_identity", self.registry_identity)
-        check_id("profiler_identity", self.profiler_identity)
         if not isinstance(self.max_restarts, int) or not 0 <= self.max_restarts <= 100:
             raise ConfigError(f"max_restarts {self.max_restarts!r} is not in 0..100")
         check_endpoint("registry address", self.registry)
