@@ -35,7 +35,9 @@ its executor reports it released (or its node is lost), never before: the
 planner's view of free GPUs never runs ahead of the executors.
 
 Profiles: a job submitted with epoch times (workload `profile:`) uses them;
-otherwise the profiler service measures it. Every epoch an executor reports
+otherwise the profiler service measures it, each trial run by this planner
+as an allocation like a job's (trials.py: the thin hooks here route a
+trial's executor events there and count its GPUs as owned). Every epoch an executor reports
 refines them: the planner plans with the mean epoch time observed at each
 placement (GPU count, nodes spanned) once it settled away from the time
 planned there (at least 3 epochs, off by more than 3 standard errors: noise
