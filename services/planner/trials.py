@@ -256,6 +256,9 @@ class Trials:
         while True:
             if trial.failure is not None:
                 raise trial.failure
+            if deadline is not None and deadline <= loop.time():
+                raise TrialError("DEADLINE_EXCEEDED", f"trial of {job.job_id} on {gpus} GPUs: the request's deadline "
+                                                      "came before it could start")
             chosen = pick_free(self.d.nodes, kind or main_kind(self.d.nodes), self._taken(), gpus)
             if chosen is not None:
                 if await self._write_start(trial, job, chosen, profile):
