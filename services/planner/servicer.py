@@ -255,8 +255,9 @@ async def build_report(d: Dispatcher) -> tuple[report.Figures, list, dict | None
     """(figures, holds, first plan, origin) of the batch so far, from the stored executor events and the
     first plan; each job's state and failure reason from its record.
 
-    Only the planner's own jobs count: profiling trials the profiler ran
-    through the executors are not part of the batch."""
+    Only the planner's own jobs count: profiling trials (allocations this
+    planner wrote for the profiler, their events not stored) are not part of
+    the batch."""
     s = d.state
     events, first, origin, jobs = await asyncio.gather(s.events(), s.first_plan(), s.origin(), s.jobs())
     origin = origin if origin is not None else time.time()
