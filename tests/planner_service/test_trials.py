@@ -163,3 +163,49 @@ async def registry_node(registry) -> None:
     async with open_channel(registry.address) as channel:
         await registry_pb2_grpc.RegistryServiceStub(channel).RegisterNode(node_request("n1", 2, 1), timeout=10)
 
+
+
+async def test_a_trial_spread_over_two_nodes_measures_on_both(etcd, etcd_store, registry, tmp_path, executor_claims):
+    from tests.profiler.profiler_helpers import tiny_job
+
+    async with executors(registry.address, tmp_path, ("n1", 1), ("n2", 1)), \
+            planner(etcd.endpoint, registry.address, str(tmp_path / "ck")) as (_, d, stub):
+        await until(lambda: asyncio.sleep(0, len(d.nodes) == 2))
+        result = await stub.RunTrial(planner_pb2.RunTrialRequest(job=tiny_job("spread"), gpus=2, profile=OPTIONS),
+                                     timeout=120)
+        assert (result.gpus, result.nodes) == (2, 2) and result.iter_seconds > 0 and result.steps == 64 // 16
+        assert await PlannerState(etcd_store).claims() == {} and await allocations(etcd_store) == {}
+    assert executor_claims == []
+
+
+async def test_a_planner_that_takes_over_ends_the_trials_of_the_one_before(etcd, etcd_store, registry, tmp_path):
+    """A trial whose planner died (its claims and allocation in etcd, its workers running): the next planner
+    removes the allocation, the executor stops the trial, and the claims go once it released the GPUs."""
+    from omru.v1 import registry_pb2, registry_pb2_grpc
+    from services.common.channels import open_channel
+
+    async with executors(registry.address, tmp_path, ("n1", 1)) as (ex,):
+        async with open_channel(registry.address) as channel:
+            (node,) = (await registry_pb2_grpc.RegistryServiceStub(channel).ListNodes(
+                registry_pb2.ListNodesRequest(), timeout=10)).nodes
+        trial_id = "sleepy.prof-g1-0123abcd"
+        job = script_job(tmp_path, trial_id)
+        directive = executor_pb2.Directive(
+            directive_id=f"{trial_id}.start", kind=executor_pb2.DIRECTIVE_KIND_START, job=job,
+            gpus=[common_pb2.GpuRef(node_id="n1", index=0)], attempt_id=trial_id,
+            profile=executor_pb2.ProfileOptions(warmup_iters=1, measure_iters=60))
+        state = PlannerState(etcd_store)
+        assert (await state.change(trial_id, claim={("n1", 0): node.lease_id},
+                                   put={"n1": (directive.SerializeToString(), node.lease_id)})).succeeded
+        events = ex.events()
+        try:
+            await events.wait_for(lambda e: e.job_id == trial_id and e.kind == executor_pb2.EXECUTOR_EVENT_KIND_STARTED,
+                                  timeout=60)
+            async with planner(etcd.endpoint, registry.address, str(tmp_path / "ck")) as (_, d, _stub):
+                await until(lambda: asyncio.sleep(0, not d.owner), timeout=60)
+                assert await state.claims() == {} and await allocations(etcd_store) == {}
+                await events.wait_for(lambda e: e.job_id == trial_id
+                                      and e.kind == executor_pb2.EXECUTOR_EVENT_KIND_GPUS_RELEASED, timeout=5)
+                assert (await ex.job(trial_id)).phase == "stopped"
+        finally:
+            events.close()
