@@ -4,8 +4,8 @@
 # Every HOST (name or IP address) goes into each certificate's SANs, so one
 # set serves a cluster whose head and nodes are those hosts. Each certificate
 # also names its service: CN and DNS SAN omru-<service> (executors accept
-# directives only from omru-planner, and trials from omru-profiler; they
-# check the planner they subscribe to presents omru-planner). Keys stay in
+# directives only from omru-planner, which also runs the profiler's
+# trials; they check the planner they subscribe to presents omru-planner). Keys stay in
 # OUT_DIR (mode 600); copy OUT_DIR to every node as ./certs next to the
 # compose files.
 set -euo pipefail

@@ -1,4 +1,5 @@
 from omru.v1 import common_pb2 as _common_pb2
+from omru.v1 import executor_pb2 as _executor_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -253,3 +254,31 @@ class GetJobLogsResponse(_message.Message):
     rank: int
     data: bytes
     def __init__(self, node_id: _Optional[str] = ..., attempt: _Optional[int] = ..., attempt_id: _Optional[str] = ..., rank: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class RunTrialRequest(_message.Message):
+    __slots__ = ("job", "gpus", "gpu_kind", "profile")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_KIND_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.JobSpec
+    gpus: int
+    gpu_kind: str
+    profile: _executor_pb2.ProfileOptions
+    def __init__(self, job: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., gpus: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., profile: _Optional[_Union[_executor_pb2.ProfileOptions, _Mapping]] = ...) -> None: ...
+
+class RunTrialResponse(_message.Message):
+    __slots__ = ("gpus", "nodes", "iter_seconds", "steps", "epoch_seconds", "trial_id")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    ITER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    gpus: int
+    nodes: int
+    iter_seconds: float
+    steps: int
+    epoch_seconds: float
+    trial_id: str
+    def __init__(self, gpus: _Optional[int] = ..., nodes: _Optional[int] = ..., iter_seconds: _Optional[float] = ..., steps: _Optional[int] = ..., epoch_seconds: _Optional[float] = ..., trial_id: _Optional[str] = ...) -> None: ...

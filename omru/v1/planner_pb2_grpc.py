@@ -71,6 +71,11 @@ class PlannerServiceStub:
                 request_serializer=omru_dot_v1_dot_planner__pb2.GetJobLogsRequest.SerializeToString,
                 response_deserializer=omru_dot_v1_dot_planner__pb2.GetJobLogsResponse.FromString,
                 _registered_method=True)
+        self.RunTrial = channel.unary_unary(
+                '/omru.v1.PlannerService/RunTrial',
+                request_serializer=omru_dot_v1_dot_planner__pb2.RunTrialRequest.SerializeToString,
+                response_deserializer=omru_dot_v1_dot_planner__pb2.RunTrialResponse.FromString,
+                _registered_method=True)
 
 
 class PlannerServiceServicer:
@@ -129,6 +134,18 @@ class PlannerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunTrial(self, request, context):
+        """Runs one profiling trial of a job (the profiler's): once enough GPUs of
+        the kind are free, the leading planner claims them on the fewest nodes,
+        allocates the trial to their executors and answers with what it
+        measured. FAILED_PRECONDITION or ABORTED when the trial failed (the
+        node's message), DEADLINE_EXCEEDED when it did not finish in time,
+        INVALID_ARGUMENT naming a bad field, UNAVAILABLE from a standby planner.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlannerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,6 +183,11 @@ def add_PlannerServiceServicer_to_server(servicer, server):
                     servicer.GetJobLogs,
                     request_deserializer=omru_dot_v1_dot_planner__pb2.GetJobLogsRequest.FromString,
                     response_serializer=omru_dot_v1_dot_planner__pb2.GetJobLogsResponse.SerializeToString,
+            ),
+            'RunTrial': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunTrial,
+                    request_deserializer=omru_dot_v1_dot_planner__pb2.RunTrialRequest.FromString,
+                    response_serializer=omru_dot_v1_dot_planner__pb2.RunTrialResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -359,6 +381,33 @@ class PlannerService:
             '/omru.v1.PlannerService/GetJobLogs',
             omru_dot_v1_dot_planner__pb2.GetJobLogsRequest.SerializeToString,
             omru_dot_v1_dot_planner__pb2.GetJobLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunTrial(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/omru.v1.PlannerService/RunTrial',
+            omru_dot_v1_dot_planner__pb2.RunTrialRequest.SerializeToString,
+            omru_dot_v1_dot_planner__pb2.RunTrialResponse.FromString,
             options,
             channel_credentials,
             insecure,

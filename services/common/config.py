@@ -62,7 +62,6 @@ def _real_folder(name: str, value) -> Path:
 #: Identities (certificate CN and DNS SAN, see deploy/make-certs.sh) of the services.
 PLANNER_IDENTITY = "omru-planner"
 REGISTRY_IDENTITY = "omru-registry"
-PROFILER_IDENTITY = "omru-profiler"
 
 
 @dataclass(frozen=True)
@@ -183,6 +182,7 @@ class PlannerConfig:
     start_overhead_s: float = 4.0  # prior of a start's (restart's) cost until one is measured
     time_scale: float = 1.0  # job seconds per wall second: > 1 only for an emulated cluster (omru emulate)
     leader_ttl_s: int = 15  # the leader's lease: a standby takes over within this and a poll after it dies
+    trial_timeout_s: float = 600.0  # a profiling trial that runs longer is stopped
 
     def __post_init__(self) -> None:
         check_endpoint("registry address", self.registry)
@@ -193,6 +193,8 @@ class PlannerConfig:
             raise ConfigError(f"leader_ttl_s {self.leader_ttl_s!r} is not in 1..3600")
         if not (isinstance(self.time_scale, (int, float)) and 0 < self.time_scale <= 1e6):
             raise ConfigError(f"time_scale {self.time_scale!r} is not in (0, 1e6]")
+        if not (isinstance(self.trial_timeout_s, (int, float)) and 1 <= self.trial_timeout_s <= 86400):
+            raise ConfigError(f"trial_timeout_s {self.trial_timeout_s!r} is not in [1, 86400]")
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,6 @@ class ExecutorConfig:
     warm_workers: bool = True  # a worker with torch imported waits on each device (no import at job start)
     planner_identity: str = PLANNER_IDENTITY  # with mutual TLS: who may send directives
     registry_identity: str = REGISTRY_IDENTITY  # with mutual TLS: whose allocations the node follows
-    profiler_identity: str = PROFILER_IDENTITY  # with mutual TLS: who may run profiling trials
     checkpoint_root: Path | None = None  # directives' checkpoint folders lie under it; None = default_checkpoint_root()
     data_roots: tuple[Path, ...] = ()  # imagefolder:/clips: folders lie under one; () = built-in data sets only
 
@@ -222,7 +223,6 @@ class ExecutorConfig:
         check_id("node_id", self.node_id)
         check_id("planner_identity", self.planner_identity)
         check_id("registry_identity", self.registry_identity)
-        check_id("profiler_identity", self.profiler_identity)
         if not isinstance(self.max_restarts, int) or not 0 <= self.max_restarts <= 100:
             raise ConfigError(f"max_restarts {self.max_restarts!r} is not in 0..100")
         check_endpoint("registry address", self.registry)

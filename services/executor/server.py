@@ -29,9 +29,9 @@ async def start(config: cfg.ExecutorConfig, servicer=None, runtime=None,
     Unless a servicer is given, the ExecutorService runs a Supervisor that
     keeps the node's workers at its allocations (AllocationWatch; the lease
     file the workers read follows the node's lease, and a lost lease ends
-    every allocated job at once); directives sent by call (profiling trials)
-    claim their GPUs through the registry. With mutual TLS those are accepted
-    only from the planner's identity (and trials from the profiler's), and
+    every allocated job at once; profiling trials are allocations too);
+    directives sent by call claim their GPUs through the registry. With
+    mutual TLS those are accepted only from the planner's identity, and
     name folders only under the config's checkpoint root and data roots.
     Stopping the server stops the watch, then every worker, then
     deregisters the node. runtime and node_gpus replace the worker processes
@@ -48,8 +48,7 @@ async def start(config: cfg.ExecutorConfig, servicer=None, runtime=None,
         supervisor = Supervisor(config.node_id, devices_of(node_gpus), RegistryClaims(channel),
                                 work_dir=config.work_dir, max_restarts=config.max_restarts,
                                 warm_workers=config.warm_workers, runtime=runtime)
-        identities = (config.planner_identity, config.profiler_identity) if tls is not None else (None, None)
-        servicer = ExecutorServicer(supervisor, *identities, roots=roots)
+        servicer = ExecutorServicer(supervisor, config.planner_identity if tls is not None else None, roots=roots)
     service = Service(executor_pb2_grpc.add_ExecutorServiceServicer_to_server, servicer, service_name(executor_pb2, "ExecutorService"))
     running = await start_server(config.server, [service])
     host = config.advertise_host or (config.server.host if config.server.host not in ("0.0.0.0", "[::]") else socket.gethostname())
@@ -100,8 +99,6 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
                         help="with --tls-ca: certificate name (CN/SAN) of the planner, the only sender of directives")
     parser.add_argument("--registry-identity", default=cfg.REGISTRY_IDENTITY,
                         help="with --tls-ca: certificate name of the registry, whose allocations this node follows")
-    parser.add_argument("--profiler-identity", default=cfg.PROFILER_IDENTITY,
-                        help="with --tls-ca: certificate name of the profiler, which may run profiling trials")
     args = parser.parse_args(argv)
     return cfg.ExecutorConfig(
         node_id=args.node_id,
@@ -115,7 +112,6 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
         warm_workers=not args.no_warm_workers,
         planner_identity=args.planner_identity,
         registry_identity=args.registry_identity,
-        profiler_identity=args.profiler_identity,
         checkpoint_root=args.checkpoint_root,
         data_roots=cfg.split_roots(args.data_roots),
     )

@@ -5,12 +5,13 @@ converted back. `DirectiveError` -> INVALID_ARGUMENT naming the field,
 `ConflictError` -> FAILED_PRECONDITION, registry outages -> UNAVAILABLE; a
 refused directive changes nothing. Directives name folders only under the
 node's `convert.Roots` (checkpoint root, data roots). With mutual TLS, directives come only
-from the planner's certificate identity, and profiling trials (a START with
-profile options, a STOP of a trial) also from the profiler's; any other
-caller gets PERMISSION_DENIED naming the identity it presented. `RegistryClaims` is GPU ownership through
-the registry for directives sent by call (profiling trials); `AllocationWatch`
-keeps the node's workers at the allocations the planner wrote for it (the
-planner holds their GPU claims).
+from the planner's certificate identity; any other caller gets
+PERMISSION_DENIED naming the identity it presented. `AllocationWatch` keeps
+the node's workers at the allocations the planner wrote for it (the planner
+holds their GPU claims; profiling trials are such allocations too).
+`RegistryClaims` is GPU ownership through the registry for directives sent
+by call (StartJob/ResizeJob/StopJob, which the planner itself no longer
+sends: operators and tests).
 """
 
 from __future__ import annotations
@@ -83,36 +84,27 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
     """omru.v1.ExecutorService of one node.
 
     planner_identity (set with mutual TLS): the certificate name directives
-    must come from; profiler_identity: the one profiling trials may come from;
-    roots: the folders directives may name (None: `convert.Roots()`)."""
+    must come from (profiling trials too: the planner allocates them); roots:
+    the folders directives may name (None: `convert.Roots()`)."""
 
     def __init__(self, supervisor: Supervisor, planner_identity: str | None = None,
-                 profiler_identity: str | None = None, roots: convert.Roots | None = None) -> None:
+                 roots: convert.Roots | None = None) -> None:
         self.supervisor = supervisor
-        self.planner_identity, self.profiler_identity = planner_identity, profiler_identity
+        self.planner_identity = planner_identity
         self.roots = roots or convert.Roots()
 
-    def _is_trial(self, d: executor_pb2.Directive, rpc_kind: int) -> bool:
-        if rpc_kind == executor_pb2.DIRECTIVE_KIND_START:
-            return d.HasField("profile")
-        return rpc_kind == executor_pb2.DIRECTIVE_KIND_STOP and not any(
-            v.job_id == d.job.job_id and not v.profile for v in self.supervisor.jobs())
-
-    async def _check_sender(self, request, context, rpc_kind: int) -> None:
+    async def _check_sender(self, request, context) -> None:
         if self.planner_identity is None:
             return
         names = peer_identities(context)
         if self.planner_identity in names:
             return
-        if self.profiler_identity and self.profiler_identity in names and self._is_trial(request.directive, rpc_kind):
-            return
-        trials = f" (profiling trials also from {self.profiler_identity!r})" if self.profiler_identity else ""
         await abort(context, grpc.StatusCode.PERMISSION_DENIED,
                     f"directive {request.directive.directive_id!r} refused: sent by {names[0] if names else 'no certificate'!r}; "
-                    f"directives come only from {self.planner_identity!r}{trials}")
+                    f"directives come only from {self.planner_identity!r}")
 
     async def _apply(self, request, context, rpc_kind: int) -> bool:
-        await self._check_sender(request, context, rpc_kind)  # before anything of the request is looked at
+        await self._check_sender(request, context)  # before anything of the request is looked at
         if not request.HasField("directive"):
             await abort_invalid(context, "directive", "is required")
         try:

@@ -478,10 +478,11 @@ class Supervisor:
         await self.apply(replace(d, kind=DirectiveKind.RESIZE, allocated=True))
 
     async def deallocate(self, job_id: str, gpus: Sequence[Gpu]) -> None:
-        """The job's allocation of this node is gone: stop it at its next epoch boundary; when nothing of
-        it runs here, report its GPUs (those of the allocation) as released at once."""
+        """The job's allocation of this node is gone: stop it at its next epoch boundary (a profiling
+        trial: at once, inside its timed iterations); when nothing of it runs here, report its GPUs
+        (those of the allocation) as released at once."""
         job = self._jobs.get(job_id)
-        if job is not None and job.state.active and job.profile is None:
+        if job is not None and job.state.active:
             await self.apply(Directive(f"{job.attempt_base}-deallocated", DirectiveKind.STOP, job_id, allocated=True))
         elif gpus and (job is None or not job.state.active):
             self.events.append(job_id, EventKind.GPUS_RELEASED, gpus=tuple(g for g in gpus if g.node_id == self.node_id),

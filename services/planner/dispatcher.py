@@ -35,7 +35,9 @@ its executor reports it released (or its node is lost), never before: the
 planner's view of free GPUs never runs ahead of the executors.
 
 Profiles: a job submitted with epoch times (workload `profile:`) uses them;
-otherwise the profiler service measures it. Every epoch an executor reports
+otherwise the profiler service measures it, each trial run by this planner
+as an allocation like a job's (trials.py: the thin hooks here route a
+trial's executor events there and count its GPUs as owned). Every epoch an executor reports
 refines them: the planner plans with the mean epoch time observed at each
 placement (GPU count, nodes spanned) once it settled away from the time
 planned there (at least 3 epochs, off by more than 3 standard errors: noise
@@ -64,6 +66,7 @@ from services.planner.core.model import epoch_table as filled_table
 from services.planner.follow import Live, Move, Step, blockers, follow, late
 from services.planner.report import Event
 from services.planner.state import JobRecord, PlannerState
+from services.planner.trials import TRIAL_TIMEOUT_S, Trials
 
 log = get_logger(__name__)
 
@@ -202,7 +205,7 @@ class Dispatcher:
     def __init__(self, state: PlannerState, registry: str, profiler: str, policy: str = "", token: str | None = None,
                  checkpoint_root: str = "", start_overhead_s: float = 4.0, seed: int = 0,
                  policy_options: Mapping[str, object] | None = None, learn_profiles: bool = True,
-                 tls=None, time_scale: float = 1.0) -> None:
+                 tls=None, time_scale: float = 1.0, trial_timeout_s: float = TRIAL_TIMEOUT_S) -> None:
         import tempfile
 
         self.state = state
@@ -252,6 +255,7 @@ class Dispatcher:
         self._planning = False  # the core is making a plan (reconcile)
         self.policy_in_force = self.default_policy
         self._pools: dict[bool, object] = {}  # background? -> the child process large problems plan in
+        self.trials = Trials(self, trial_timeout_s)  # profiling trials: allocations the planner writes too
 
     # lifecycle ----------------------------------------------------------------
 
@@ -262,6 +266,7 @@ class Dispatcher:
             self.policy_in_force = plan["policy"]
         self.records = {r.job_id: r for r in await self.state.jobs()}
         self.owner = await self.state.claims()
+        await self.trials.recover()
         self._tasks = [asyncio.create_task(self._follow_cluster()), asyncio.create_task(self._replan_loop()),
                        asyncio.create_task(self._follow_loop())]
         self.started.set()
@@ -269,6 +274,7 @@ class Dispatcher:
 
     async def stop(self) -> None:
         """Stop acting (it may start again, as after a new election)."""
+        await self.trials.stop()
         for t in [*self._tasks, *self._followers.values()]:
             t.cancel()
         for t in [*self._tasks, *self._followers.values()]:
@@ -413,6 +419,7 @@ class Dispatcher:
             self._followers[node.node_id] = asyncio.get_running_loop().create_task(self._follow_node(node.node_id))
             log.info("node_up", node=node.node_id, gpus=len(node.gpus))
             self.poke()
+            self.trials.freed()
 
     async def _node_lost(self, node_id: str) -> None:
         if self.nodes.pop(node_id, None) is None:
@@ -424,6 +431,7 @@ class Dispatcher:
         log.warning("node_lost", node=node_id)
         for g in [g for g in self.owner if g[0] == node_id]:  # its claims went with its lease
             del self.owner[g]
+        self.trials.node_lost(node_id)
         for r in list(self.records.values()):
             if not r.terminal and any(g[0] == node_id for g in r.gpus + r.target):
                 await self._requeue(r, f"node {node_id} lost")
@@ -459,7 +467,8 @@ class Dispatcher:
                     gen, seq = gen + 1, 0
                     await self.state.set_cursor(node_id, gen, 0)
                 call = stub.WatchEvents(executor_pb2.WatchEventsRequest(after_seq=seq))
-                async for batch in _batches(call, convert.event):
+                # a trial's events go to the trials (not stored, not the jobs' bookkeeping)
+                async for batch in _batches(call, lambda e: None if self.trials.take(e) else convert.event(e)):
                     backoff = 0.2
                     # acted on before they are stored with the cursor: events whose handling failed (etcd
                     # away) come again when the stream reopens (handling one twice changes nothing)
@@ -616,6 +625,8 @@ class Dispatcher:
             self.owner[g] = job_id
         for g in change.get("release", ()):
             self.owner.pop(g, None)
+        if change.get("release"):
+            self.trials.freed()
         if change.get("record") is not None:
             self._stored(replace(change["record"], revision=result.revision))
         return True

@@ -38,23 +38,29 @@ async def start(config: cfg.PlannerConfig, servicer=None) -> RunningServer:
         dispatcher = Dispatcher(PlannerState(etcd), config.registry, config.profiler, policy=config.policy,
                                 token=config.server.auth_token, tls=config.server.client_tls,
                                 checkpoint_root=config.checkpoint_root, start_overhead_s=config.start_overhead_s,
-                                time_scale=config.time_scale)
+                                time_scale=config.time_scale, trial_timeout_s=config.trial_timeout_s)
         servicer = PlannerServicer(dispatcher)
     service = Service(planner_pb2_grpc.add_PlannerServiceServicer_to_server, servicer, service_name(planner_pb2, "PlannerService"))
     running = await start_server(config.server, [service])
     if dispatcher is not None:
-        task = asyncio.get_running_loop().create_task(lead(etcd, dispatcher, config, running.port))
+        task = asyncio.get_running_loop().create_task(lead(etcd, dispatcher, config, running.address))
         running.on_stop.extend([lambda: _cancel(task), dispatcher.stop, etcd.close])
     return running
 
 
-async def lead(etcd, dispatcher, config: cfg.PlannerConfig, port: int) -> None:
+async def lead(etcd, dispatcher, config: cfg.PlannerConfig, address: str) -> None:
     """Campaign for the planner's leader key; once elected, run the dispatcher with every write fenced
-    by the key; when the lease lapses or a write is fenced off, stop acting and campaign again."""
+    by the key; when the lease lapses or a write is fenced off, stop acting and campaign again.
+
+    The key holds "<address> pid <pid>": the address this planner serves on (host:port, a wildcard
+    host replaced by the machine's name), where the profiler finds the leader (`leader_address`)."""
     from services.common.etcd import Election
     from services.planner.state import LEADER, PlannerState
 
-    election = Election(etcd, LEADER, f"{socket.gethostname()}:{port} pid {os.getpid()}", config.leader_ttl_s)
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", "[::]", "::", ""):
+        host = socket.gethostname()
+    election = Election(etcd, LEADER, f"{host}:{port} pid {os.getpid()}", config.leader_ttl_s)
     dispatcher.standby_of = election
     try:
         while True:
@@ -100,6 +106,8 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
     parser.add_argument("--leader-ttl", type=int, default=15,
                         help="seconds of the leader lease: a standby planner takes over this long after the leader "
                              "dies (default 15)")
+    parser.add_argument("--trial-timeout", type=float, default=600.0,
+                        help="seconds a profiling trial may run before it is stopped (default 600)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="job seconds per wall second (only for an emulated cluster; default 1)")
     args = parser.parse_args(argv)
@@ -113,6 +121,7 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
         start_overhead_s=args.start_overhead,
         time_scale=args.time_scale,
         leader_ttl_s=args.leader_ttl,
+        trial_timeout_s=args.trial_timeout,
     )
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import grpc
 
-from omru.spec import shown
+from omru.spec import MAX_NAME, shown
 from omru.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from services.common.errors import abort, abort_invalid, abort_not_found, grpc_errors
 from services.executor.worker.spec import SpecError
@@ -178,6 +178,45 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         return planner_pb2.GetReportResponse(report=convert.report_proto(figures, holds, first, origin))
 
     @grpc_errors
+    async def RunTrial(self, request, context):
+        """One profiling trial (services/planner/trials.py); only the leader runs trials."""
+        from services.executor import convert as executor_convert
+        from services.executor.supervisor import DirectiveError
+        from services.planner import trials
+
+        if not request.HasField("job"):
+            await abort_invalid(context, "job", "is required")
+        try:
+            convert.workload_job(request.job)
+            executor_convert.profile_spec(request.profile, "profile")
+        except SpecError as exc:
+            await abort_invalid(context, f"job.{exc.field}", str(exc).split(": ", 1)[1])
+        except DirectiveError as exc:
+            await abort_invalid(context, exc.field, str(exc).split(": ", 1)[1])
+        problem = validation.text_problem("gpu_kind", request.gpu_kind, MAX_NAME)
+        if problem:
+            await abort_invalid(context, *problem)
+        if request.gpus < 1:
+            await abort_invalid(context, "gpus", f"{request.gpus} is not a GPU count (1 or more)")
+        await self._leading(context)
+        d = self.dispatcher
+        for _ in range(20):  # a planner just elected lists the cluster first
+            if d.nodes:
+                break
+            await asyncio.sleep(0.1)
+        kind = request.gpu_kind or trials.main_kind(d.nodes)
+        have = trials.kinds(d.nodes).get(kind, 0)
+        if request.gpus > have:
+            where = f"GPU kind {shown(kind)}" if request.gpu_kind else f"the cluster's main GPU kind {shown(kind)}"
+            await abort_invalid(context, "gpus", f"{request.gpus} is more than the {have} GPUs of {where}")
+        try:
+            m = await d.trials.run(request.job, request.gpus, kind, request.profile, context.time_remaining())
+        except trials.TrialError as exc:
+            await abort(context, getattr(grpc.StatusCode, exc.code), str(exc))
+        return planner_pb2.RunTrialResponse(gpus=m.gpus, nodes=m.nodes, iter_seconds=m.iter_seconds, steps=m.steps,
+                                            epoch_seconds=m.epoch_seconds, trial_id=m.trial_id)
+
+    @grpc_errors
     async def GetJobLogs(self, request, context):
         problem = validation.id_problem("job_id", request.job_id)
         if problem:
@@ -216,8 +255,9 @@ async def build_report(d: Dispatcher) -> tuple[report.Figures, list, dict | None
     """(figures, holds, first plan, origin) of the batch so far, from the stored executor events and the
     first plan; each job's state and failure reason from its record.
 
-    Only the planner's own jobs count: profiling trials the profiler ran
-    through the executors are not part of the batch."""
+    Only the planner's own jobs count: profiling trials (allocations this
+    planner wrote for the profiler, their events not stored) are not part of
+    the batch."""
     s = d.state
     events, first, origin, jobs = await asyncio.gather(s.events(), s.first_plan(), s.origin(), s.jobs())
     origin = origin if origin is not None else time.time()

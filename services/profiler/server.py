@@ -10,7 +10,7 @@ from services.common.server import RunningServer, Service, run_main, serve_forev
 from services.common.etcd import EtcdStore
 from services.profiler.servicer import ProfilerServicer
 from services.profiler.store import ProfileStore
-from services.profiler.trials import ExecutorTrials
+from services.profiler.trials import PlannerTrials
 
 
 async def start(config: cfg.ProfilerConfig, servicer=None) -> RunningServer:
@@ -19,7 +19,8 @@ async def start(config: cfg.ProfilerConfig, servicer=None) -> RunningServer:
     if servicer is None:
         etcd = EtcdStore.from_config(config.etcd)
         await etcd.connect()
-        trials = ExecutorTrials(config.registry, token=config.server.auth_token, tls=config.server.client_tls)
+        # trials run through the leading planner, found by its leader key in etcd
+        trials = PlannerTrials(etcd, config.registry, token=config.server.auth_token, tls=config.server.client_tls)
         servicer = ProfilerServicer(ProfileStore(etcd), trials)
         hooks = [trials.close, etcd.close]
     service = Service(profiler_pb2_grpc.add_ProfilerServiceServicer_to_server, servicer, service_name(profiler_pb2, "ProfilerService"))

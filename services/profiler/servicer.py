@@ -4,7 +4,8 @@
 model or data set, zero batch, a GPU count above the cluster's, a value over
 the input limits), serves a
 stored profile when one covers the counts asked (unless refresh), else runs
-one trial per missing count through the executors (`trials`), turns
+one trial per missing count through the planner (`trials`: the planner
+claims the GPUs and allocates the trial like any other attempt), turns
 steady-state iteration time x iterations per epoch into epoch seconds, fits
 t(g) = a + b/g + c(g-1) for the counts not measured (`fit`), stores the
 profile (`store`) and streams progress: QUEUED (waiting for GPUs),
@@ -27,7 +28,7 @@ from services.common.errors import abort, abort_invalid, grpc_errors
 from services.common.logging import get_logger
 from services.profiler import convert, fit
 from services.profiler.store import ProfileStore, StoredPoint, StoredProfile
-from services.profiler.trials import ExecutorTrials, TrialFailed
+from services.profiler.trials import PlannerTrials, TrialFailed
 from services.registry import validation
 
 log = get_logger(__name__)
@@ -37,7 +38,7 @@ S = profiler_pb2
 class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
     """omru.v1.ProfilerService over a ProfileStore and a trial runner."""
 
-    def __init__(self, store: ProfileStore, trials: ExecutorTrials) -> None:
+    def __init__(self, store: ProfileStore, trials: PlannerTrials) -> None:
         self.store = store
         self.trials = trials
         self._locks: collections.defaultdict = collections.defaultdict(asyncio.Lock)

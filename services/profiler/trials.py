@@ -1,39 +1,40 @@
-"""Trial runs through the executors.
+"""Trial runs through the planner.
 
-`ExecutorTrials` finds the cluster through the registry (ListNodes for the
-GPUs, ListClaims for what is taken), picks free GPUs of one kind packed on
-the fewest nodes, and sends each node that hosts a rank a START directive
-with the `profile` option (ExecutorService.StartJob). It follows every such
-executor's WatchEvents from the seq it had before the start and waits for
-PROFILED (from rank 0's node) and GPUS_RELEASED (from every node); FAILED
-from any node makes the trial fail with that node's message. While not
-enough GPUs are free (or a claim races with another job) it waits and
-reports that through `on_wait`.
-
-Every trial runs under a fresh job id (``<job>.prof-g<g>-<hex>``), so its
-GPU claims never mix with the job's own.
+`PlannerTrials` asks the leading planner for each trial
+(PlannerService.RunTrial): the planner is the one writer of GPU ownership,
+so it queues the trial until enough GPUs of the kind are free, claims them
+on the fewest nodes and allocates the trial to their executors like any
+other attempt (services/planner/trials.py), and answers with what rank 0
+measured once every node released its GPUs. The profiler finds the planner
+through its leader key in etcd (the leader's identity, "<host:port> pid N",
+names the address it serves on), asked again when a planner answers that it
+is on standby or cannot be reached. The cluster's shape (its nodes and GPU
+kinds, for the profiler's checks and estimates) is read from the registry
+(ListNodes); whether a trial waits for GPUs, for the QUEUED progress, from
+its claims (ListClaims). Nothing here writes GPU ownership.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
+import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 import grpc
 
-from omru.v1 import common_pb2, executor_pb2, executor_pb2_grpc, registry_pb2, registry_pb2_grpc
+from omru.v1 import common_pb2, executor_pb2, planner_pb2, planner_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services.common.channels import open_channel
-from services.common.cluster import free_port
 from services.common.logging import get_logger
 
 log = get_logger(__name__)
 
-#: Deadline of each unary call the profiler makes.
+#: Deadline of each unary call the profiler makes (but RunTrial, which has the trial timeout).
 CALL_DEADLINE_S = 10.0
+#: Seconds between looks for a leading planner when there is none (being elected, not started yet).
+LEADER_POLL_S = 0.5
 
 
 class TrialFailed(RuntimeError):
@@ -77,19 +78,6 @@ class ClusterShape:
         return count
 
 
-def pick_free(shape: ClusterShape, kind: str, taken: set[tuple[str, int]], gpus: int) -> list[tuple[NodeGpus, int]] | None:
-    """gpus free GPUs of kind on the fewest nodes (nodes with most free first), or None."""
-    free = [(n, [i for i, k in n.gpus if k == kind and (n.node_id, i) not in taken]) for n in shape.nodes]
-    free.sort(key=lambda item: (-len(item[1]), item[0].node_id))
-    chosen: list[tuple[NodeGpus, int]] = []
-    for node, indices in free:
-        for i in indices:
-            if len(chosen) == gpus:
-                return chosen
-            chosen.append((node, i))
-    return chosen if len(chosen) == gpus else None
-
-
 @dataclass(frozen=True)
 class TrialResult:
     """What one trial measured."""
@@ -102,16 +90,23 @@ class TrialResult:
     trial_id: str
 
 
-class ExecutorTrials:
-    """Runs profiling trials on the executors the registry knows."""
+def leader_address(identity: str) -> str:
+    """host:port of a planner leader's identity "<host:port> pid N" ("" for none)."""
+    return identity.rsplit(" pid ", 1)[0].strip() if identity else ""
 
-    def __init__(self, registry: str, token: str | None = None, warmup_iters: int = 3, measure_iters: int = 10,
-                 trial_timeout_s: float = 600.0, poll_s: float = 0.5, tls=None) -> None:
+
+class PlannerTrials:
+    """Runs profiling trials through the leading planner (RunTrial)."""
+
+    def __init__(self, etcd, registry: str, token: str | None = None, warmup_iters: int = 3, measure_iters: int = 10,
+                 trial_timeout_s: float = 600.0, tls=None, wait_check_s: float = 1.0) -> None:
+        """etcd: the EtcdStore the planner's leader key is read from; registry: the registry's address."""
+        self.etcd = etcd
         self.registry_address = registry
         self.token = token
-        self.tls = tls  # TlsConfig of the channels to the registry and executors (None: plaintext)
+        self.tls = tls  # TlsConfig of the channels to the registry and planner (None: plaintext)
         self.warmup_iters, self.measure_iters = warmup_iters, measure_iters
-        self.trial_timeout_s, self.poll_s = trial_timeout_s, poll_s
+        self.trial_timeout_s, self.wait_check_s = trial_timeout_s, wait_check_s
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def _channel(self, address: str) -> grpc.aio.Channel:
@@ -133,115 +128,70 @@ class ExecutorTrials:
         reply = await self._registry.ListNodes(registry_pb2.ListNodesRequest(), timeout=CALL_DEADLINE_S)
         return ClusterShape(tuple(NodeGpus(n.node_id, n.address, tuple((g.index, g.kind) for g in n.gpus)) for n in reply.nodes))
 
-    async def _taken(self) -> set[tuple[str, int]]:
-        reply = await self._registry.ListClaims(registry_pb2.ListClaimsRequest(), timeout=CALL_DEADLINE_S)
-        return {(c.gpu.node_id, c.gpu.index) for c in reply.claims}
+    async def planner(self) -> str:
+        """The leading planner's address ("" when none leads now)."""
+        from services.planner.state import LEADER
+
+        kv = await self.etcd.get(LEADER)
+        return leader_address(kv.value.decode()) if kv is not None else ""
+
+    async def _waits(self, job_id: str, gpus: int, kind: str) -> int | None:
+        """GPUs of kind free now when the trial of job_id on gpus GPUs holds no claim yet and fewer than
+        gpus are free (it waits for them); else None."""
+        shape, claims = await asyncio.gather(
+            self.shape(), self._registry.ListClaims(registry_pb2.ListClaimsRequest(), timeout=CALL_DEADLINE_S))
+        if any(c.job_id.startswith(f"{job_id[:96]}.prof-g{gpus}-") for c in claims.claims):
+            return None  # it runs
+        taken = {(c.gpu.node_id, c.gpu.index) for c in claims.claims}
+        free = sum(1 for n in shape.nodes for i, k in n.gpus if k == kind and (n.node_id, i) not in taken)
+        return free if free < gpus else None
 
     async def run(self, job: common_pb2.JobSpec, gpus: int, kind: str, full_epoch: bool,
                   on_wait: Callable[[str], None] = lambda message: None) -> TrialResult:
-        """Measure job on gpus GPUs of kind; waits while they are busy. TrialFailed on a crash."""
-        waited = False
-        while True:
-            shape = await self.shape()
-            chosen = pick_free(shape, kind, await self._taken(), gpus)
-            if chosen is not None:
-                result = await self._attempt(job, chosen, full_epoch)
-                if result is not None:
-                    return result
-                why = "another job claimed them first"
-            else:
-                why = f"fewer than {gpus} {kind} GPUs free"
-            if not waited:
-                on_wait(f"waiting for {gpus} free GPUs: {why}")
-                waited = True
-            await asyncio.sleep(self.poll_s)
-
-    async def _attempt(self, job: common_pb2.JobSpec, chosen: Sequence[tuple[NodeGpus, int]], full_epoch: bool) -> TrialResult | None:
-        """One trial on the chosen GPUs; None when a claim conflict refused it (retry later)."""
-        gpus = len(chosen)
-        trial_id = f"{job.job_id[:96]}.prof-g{gpus}-{uuid.uuid4().hex[:8]}"
-        spec = common_pb2.JobSpec()
-        spec.CopyFrom(job)
-        spec.job_id = trial_id
-        nodes: list[NodeGpus] = []
-        for node, _ in chosen:
-            if node not in nodes:
-                nodes.append(node)
-        rank0 = nodes[0]
-        rendezvous = f"{rank0.address.rpartition(':')[0]}:{free_port()}" if len(nodes) > 1 else ""
+        """Measure job on gpus GPUs of kind (the planner queues it while they are busy; on_wait says so).
+        TrialFailed when it crashed, was refused or did not finish within the trial timeout."""
         options = executor_pb2.ProfileOptions(warmup_iters=self.warmup_iters, measure_iters=self.measure_iters,
                                               full_epoch=full_epoch)
-        directive = executor_pb2.Directive(
-            directive_id=f"{trial_id}.start", kind=executor_pb2.DIRECTIVE_KIND_START, job=spec,
-            gpus=[common_pb2.GpuRef(node_id=n.node_id, index=i) for n, i in chosen],
-            rendezvous_endpoint=rendezvous, attempt_id=trial_id if len(nodes) > 1 else "", profile=options)
-        stubs = {n.node_id: executor_pb2_grpc.ExecutorServiceStub(self._channel(n.address)) for n in nodes}
-        watches = {}
+        request = planner_pb2.RunTrialRequest(job=job, gpus=gpus, gpu_kind=kind, profile=options)
+        deadline = time.monotonic() + self.trial_timeout_s
+        call = asyncio.ensure_future(self._call(request, deadline))
         try:
-            for node in nodes:  # follow each node's log from before the start: no event is missed
-                last = (await stubs[node.node_id].GetJobs(executor_pb2.GetJobsRequest(), timeout=CALL_DEADLINE_S)).last_seq
-                watches[node.node_id] = stubs[node.node_id].WatchEvents(executor_pb2.WatchEventsRequest(after_seq=last))
-            started = []
-            for node in nodes:
-                try:
-                    await stubs[node.node_id].StartJob(executor_pb2.StartJobRequest(directive=directive), timeout=CALL_DEADLINE_S)
-                    started.append(node)
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and not started:
-                        log.info("trial_claim_conflict", trial_id=trial_id, details=exc.details())
-                        return None
-                    await self._stop(stubs, started, trial_id)
-                    raise TrialFailed(f"executor {node.node_id} refused the trial on {gpus} GPUs: "
-                                      f"{exc.code().name}: {exc.details()}") from None
-            log.info("trial_started", trial_id=trial_id, gpus=gpus, nodes=[n.node_id for n in nodes])
-            try:
-                profiled = await asyncio.wait_for(self._outcome(trial_id, watches, rank0.node_id), self.trial_timeout_s)
-            except asyncio.TimeoutError:
-                await self._stop(stubs, started, trial_id)
-                raise TrialFailed(f"trial {trial_id} on {gpus} GPUs did not finish within {self.trial_timeout_s:.0f} s") from None
+            done, _ = await asyncio.wait({call}, timeout=self.wait_check_s)
+            if not done:  # still under way: say so when it waits for GPUs
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    free = await self._waits(job.job_id, gpus, kind)
+                    if free is not None and not call.done():
+                        on_wait(f"waiting for {gpus} free GPUs: {free} {kind} GPUs are free")
+            reply = await call
         finally:
-            for call in watches.values():
-                call.cancel()
-        return TrialResult(gpus=gpus, nodes=len(nodes), iter_seconds=profiled.iter_seconds, steps=profiled.steps,
-                           epoch_seconds=profiled.epoch_seconds, trial_id=trial_id)
+            call.cancel()
+        return TrialResult(gpus=reply.gpus, nodes=reply.nodes, iter_seconds=reply.iter_seconds, steps=reply.steps,
+                           epoch_seconds=reply.epoch_seconds, trial_id=reply.trial_id)
 
-    async def _outcome(self, trial_id: str, watches: dict, rank0_node: str) -> executor_pb2.ExecutorEvent:
-        """PROFILED once every node released its GPUs; TrialFailed on FAILED."""
-        K = executor_pb2
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def follow(node_id: str, call) -> None:
+    async def _call(self, request: planner_pb2.RunTrialRequest, deadline: float) -> planner_pb2.RunTrialResponse:
+        """RunTrial on the leading planner, asked again (a new leader looked up) while none answers."""
+        gpus = request.gpus
+        last = "no planner leads"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TrialFailed(f"trial on {gpus} GPUs did not finish within {self.trial_timeout_s:.0f} s ({last})")
+            address = await self.planner()
+            if not address:
+                await asyncio.sleep(min(LEADER_POLL_S, left))
+                continue
+            stub = planner_pb2_grpc.PlannerServiceStub(self._channel(address))
             try:
-                async for reply in call:
-                    if reply.event.job_id == trial_id:
-                        await queue.put(reply.event)
+                return await stub.RunTrial(request, timeout=left)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.CANCELLED:
-                    await queue.put(TrialFailed(f"event stream of node {node_id} broke: {exc.code().name}: {exc.details()}"))
-
-        tasks = [asyncio.ensure_future(follow(n, c)) for n, c in watches.items()]
-        profiled, released = None, set()
-        try:
-            while profiled is None or released != set(watches):
-                item = await queue.get()
-                if isinstance(item, Exception):
-                    raise item
-                if item.kind == K.EXECUTOR_EVENT_KIND_FAILED:
-                    raise TrialFailed(f"trial {trial_id} failed on node {item.node_id}: {item.message}")
-                if item.kind == K.EXECUTOR_EVENT_KIND_PROFILED and item.node_id == rank0_node:
-                    profiled = item
-                elif item.kind == K.EXECUTOR_EVENT_KIND_GPUS_RELEASED:
-                    released.add(item.node_id)
-                    if profiled is None and item.node_id == rank0_node:
-                        raise TrialFailed(f"trial {trial_id} released its GPUs without a measurement: {item.message}")
-            return profiled
-        finally:
-            for t in tasks:
-                t.cancel()
-
-    async def _stop(self, stubs: dict, nodes: Sequence[NodeGpus], trial_id: str) -> None:
-        for node in nodes:
-            stop = executor_pb2.Directive(directive_id=f"{trial_id}.stop", kind=executor_pb2.DIRECTIVE_KIND_STOP,
-                                          job=common_pb2.JobSpec(job_id=trial_id))
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await stubs[node.node_id].StopJob(executor_pb2.StopJobRequest(directive=stop), timeout=CALL_DEADLINE_S)
+                code = exc.code()
+                if code == grpc.StatusCode.UNAVAILABLE:  # a standby, or a leader gone: look it up again
+                    last = f"planner {address}: {exc.details()}"
+                    log.info("trial_retry", planner=address, details=exc.details())
+                    await asyncio.sleep(min(LEADER_POLL_S, max(deadline - time.monotonic(), 0)))
+                    continue
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise TrialFailed(f"trial on {gpus} GPUs did not finish within {self.trial_timeout_s:.0f} s: "
+                                      f"{exc.details()}") from None
+                raise TrialFailed(f"the planner refused or failed the trial on {gpus} GPUs: {code.name}: "
+                                  f"{exc.details()}") from None

@@ -110,14 +110,14 @@ async def test_executor_takes_directives_only_from_the_planner_certificate(mtls_
         assert [j.job_id for j in (await stubs["client"].GetJobs(executor_pb2.GetJobsRequest())).jobs] == ["job-1"]
         stop = directive("d-stop", STOP, tiny_job("job-1"))
         error = await rpc_error(stubs["profiler"].StopJob(executor_pb2.StopJobRequest(directive=stop)))
-        assert error.code() == grpc.StatusCode.PERMISSION_DENIED  # the profiler may stop its trials only
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
         await stubs["planner"].StopJob(executor_pb2.StopJobRequest(directive=stop), timeout=30)
 
-        # the profiler's trials are its own business: a START with profile options is accepted
-        await stubs["profiler"].StartJob(executor_pb2.StartJobRequest(directive=start_directive("t-1", "trial-1", "n1", index=1, profile=True)),
-                                       timeout=30)
-        trial_stop = directive("t-1.stop", STOP, tiny_job("trial-1"))
-        await stubs["profiler"].StopJob(executor_pb2.StopJobRequest(directive=trial_stop), timeout=30)
+        # trials are the planner's allocations: the profiler cannot start one on an executor itself
+        trial = start_directive("t-1", "trial-1", "n1", index=1, profile=True)
+        error = await rpc_error(stubs["profiler"].StartJob(executor_pb2.StartJobRequest(directive=trial)))
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "'omru-profiler'" in error.details()
+        assert await _registry_claims(mtls_registry.address, certs, "trial-1") == []
     finally:
         for c in channels.values():
             await c.close()

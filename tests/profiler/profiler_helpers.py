@@ -1,5 +1,6 @@
 """Builders for the profiler tests: an in-process profiler server on the test
-etcd and registry, a stub to it, tiny jobs, and a helper that drains a
+etcd and registry with the planner that runs its trials (the leader the
+profiler finds in etcd), a stub to it, tiny jobs, and a helper that drains a
 Profile stream."""
 
 from __future__ import annotations
@@ -22,16 +23,50 @@ def tiny_job(job_id: str = "p1", **overrides) -> common_pb2.JobSpec:
 
 
 @contextlib.asynccontextmanager
-async def profiler(etcd_endpoint: str, registry_address: str, keep_address: bool = False):
-    """A ProfilerServiceStub to a real profiler server (port 0); (stub, address) with keep_address."""
+async def planner_for(etcd_endpoint: str, registry_address: str, profiler_address: str = "127.0.0.1:1",
+                      **config_fields):
+    """A real planner server (port 0, elected leader: the profiler finds it by its leader key); its
+    RunningServer. The dispatcher is `running.dispatcher`."""
+    import asyncio
+
+    from services.common.etcd import EtcdStore
+    from services.planner import server
+    from services.planner.state import LEADER
+
+    config = cfg.PlannerConfig(server=cfg.ServerConfig(port=0), etcd=cfg.EtcdConfig(endpoint=etcd_endpoint),
+                               registry=registry_address, profiler=profiler_address, **config_fields)
+    running = await server.start(config)
+    try:
+        store = EtcdStore(etcd_endpoint)
+        await store.connect()
+        try:  # elected (its identity names its address) before a trial is asked of it
+            for _ in range(200):
+                kv = await store.get(LEADER)
+                if kv is not None and kv.value.decode().startswith(f"{running.address} pid "):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the planner was not elected")
+        finally:
+            await store.close()
+        yield running
+    finally:
+        await running.stop(0)
+
+
+@contextlib.asynccontextmanager
+async def profiler(etcd_endpoint: str, registry_address: str, keep_address: bool = False, **planner_fields):
+    """A ProfilerServiceStub to a real profiler server (port 0), with a real planner to run its trials;
+    (stub, address) with keep_address."""
     from services.profiler import server
 
     config = cfg.ProfilerConfig(etcd=cfg.EtcdConfig(endpoint=etcd_endpoint), registry=registry_address)
     running = await server.start(config)
     channel = open_channel(running.address)
     try:
-        stub = profiler_pb2_grpc.ProfilerServiceStub(channel)
-        yield (stub, running.address) if keep_address else stub
+        async with planner_for(etcd_endpoint, registry_address, running.address, **planner_fields):
+            stub = profiler_pb2_grpc.ProfilerServiceStub(channel)
+            yield (stub, running.address) if keep_address else stub
     finally:
         await channel.close()
         await running.stop(0)

@@ -1,8 +1,8 @@
 """`omru profile --model M --dataset D [--gpus 1,2,4] [--full-epoch] [--json] [--csv FILE]`:
 measure a job's epoch time on 1, 2, 4, ... GPUs of a running cluster.
 
-The profiler runs short trial runs through the cluster's executors (or
-serves a stored profile; --refresh measures again), fits the counts it did
+The profiler has the cluster's planner run short trials on its executors
+(or serves a stored profile; --refresh measures again), fits the counts it did
 not measure and says which points are measured. --csv writes the profile in
 the `omru simulate` format (job,epochs,gpus,epoch_seconds).
 """
