@@ -520,12 +520,10 @@ class Supervisor:
                 raise DirectiveError("directive.rendezvous_endpoint", "is required when the job spans nodes")
             if not d.attempt_id:
                 raise DirectiveError("directive.attempt_id", "is required when the job spans nodes")
-            if not d.checkpoint_dir and d.profile is None:
+            if not d.checkpoint_dir and (d.profile is None or d.rendezvous.endswith(":0")):
                 raise DirectiveError("directive.checkpoint_dir", "is required (a folder all nodes share) when the "
-                                     "job spans nodes")
-            if d.profile is not None and d.rendezvous.endswith(":0"):
-                raise DirectiveError("directive.rendezvous_endpoint", f"{d.rendezvous!r}: port 0 needs a shared "
-                                     "checkpoint folder, which a profiling trial does not have; name the port")
+                                     "job spans nodes" + (" and rank 0 publishes its port there (port 0)"
+                                                          if d.profile is not None else ""))
         return mine
 
     def _check_free(self, job_id: str, gpus: Sequence[Gpu]) -> None:
@@ -546,8 +544,8 @@ class Supervisor:
             raise DirectiveError("directive.checkpoint_dir", problem)
 
     def _checkpoint_dir(self, d: Directive, attempt_base: str) -> str:
-        if d.profile is not None:  # a trial keeps no state: a private folder (holds only the stop file)
-            return str(self.work_dir / "profile" / attempt_base)
+        if d.profile is not None:  # a trial keeps no state: the stop file (and, spread, rank 0's port) only
+            return d.checkpoint_dir or str(self.work_dir / "profile" / attempt_base)
         return d.checkpoint_dir or str(self.work_dir / "jobs" / d.job_id / "checkpoints")
 
     async def _start(self, d: Directive) -> None:

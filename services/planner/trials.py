@@ -31,13 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import shutil
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from omru.v1 import common_pb2, executor_pb2
-from services.common.cluster import free_port
 from services.common.etcd import Fenced
 from services.common.logging import get_logger
 from services.executor.servicer import is_refusal
@@ -288,12 +288,14 @@ class Trials:
         spec.CopyFrom(job)
         spec.job_id = trial.trial_id
         host = self.d.nodes[nodes[0]].address.rpartition(":")[0]
-        # a trial has no shared folder to publish a port in: a spread one names rank 0's port
-        rendezvous = f"{host}:{free_port()}" if len(nodes) > 1 else ""
+        # spread, as for a job: rank 0 binds a port its host has free and publishes it in the trial's
+        # folder under the shared checkpoint root (a trial writes no checkpoint there)
+        spread = len(nodes) > 1
         directive = executor_pb2.Directive(
             directive_id=f"{trial.trial_id}.start", kind=executor_pb2.DIRECTIVE_KIND_START, job=spec,
-            gpus=[common_pb2.GpuRef(node_id=n, index=i) for n, i in chosen], rendezvous_endpoint=rendezvous,
-            attempt_id=trial.trial_id, profile=profile)
+            gpus=[common_pb2.GpuRef(node_id=n, index=i) for n, i in chosen],
+            rendezvous_endpoint=f"{host}:0" if spread else "",
+            checkpoint_dir=self._folder(trial) if spread else "", attempt_id=trial.trial_id, profile=profile)
         value = directive.SerializeToString(deterministic=True)
         trial.gpus, trial.nodes = tuple(chosen), nodes
         self._trials[trial.trial_id] = trial  # (before the write: its events may come before the reply)
@@ -358,8 +360,13 @@ class Trials:
         finally:
             self._gone(trial)
 
+    def _folder(self, trial: _Trial) -> str:
+        return f"{self.d.checkpoint_root}/trials/{trial.trial_id}"
+
     def _gone(self, trial: _Trial) -> None:
         self._trials.pop(trial.trial_id, None)
+        if len(trial.nodes) > 1:  # its rendezvous folder
+            self._spawn(asyncio.to_thread(shutil.rmtree, self._folder(trial), True))
         self.d.poke()  # the GPUs are free again: the plan may use them
         self.d._follow_soon()
         self.freed()

@@ -175,6 +175,8 @@ async def test_a_trial_spread_over_two_nodes_measures_on_both(etcd, etcd_store, 
                                      timeout=120)
         assert (result.gpus, result.nodes) == (2, 2) and result.iter_seconds > 0 and result.steps == 64 // 16
         assert await PlannerState(etcd_store).claims() == {} and await allocations(etcd_store) == {}
+        # rank 0 published its port in the trial's folder under the checkpoint root, removed afterwards
+        assert await until(lambda: asyncio.sleep(0, not list((tmp_path / "ck" / "trials").glob("*"))))
     assert executor_claims == []
 
 

@@ -105,7 +105,8 @@ async def test_sampled_estimate_is_within_a_factor_of_two_of_a_full_epoch_measur
 
 
 async def test_a_count_spanning_nodes_runs_one_trial_across_both_executors(etcd, registry, tmp_path):
-    async with executors(registry.address, tmp_path, ("n1", 1), ("n2", 1)) as (a, b), profiler(etcd.endpoint, registry.address) as stub:
+    async with executors(registry.address, tmp_path, ("n1", 1), ("n2", 1)) as (a, b), \
+            profiler(etcd.endpoint, registry.address, checkpoint_root=str(tmp_path / "ck")) as stub:
         on_a, on_b = a.events(), b.events()
         done = (await profile(stub, tiny_job("span"), gpu_counts=[2]))[-1]
         assert done.state == P.PROFILE_STATE_DONE, done.message
