@@ -57,6 +57,7 @@ import time
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+from services.common.aio import wait_event
 from services.common.etcd import Fenced
 from services.common.logging import get_logger
 from services.executor.servicer import is_refusal
@@ -724,8 +725,7 @@ class Dispatcher:
     async def _follow_loop(self) -> None:
         """Carry the plan out as events come (bursts of events coalesce into one pass)."""
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):  # and now and then, in case an event was missed
-                await asyncio.wait_for(self._follow_needed.wait(), timeout=FOLLOW_EVERY_S)
+            await wait_event(self._follow_needed, FOLLOW_EVERY_S)  # and now and then, in case an event was missed
             self._follow_needed.clear()
             try:
                 async with self._lock:

@@ -12,6 +12,7 @@ import grpc
 
 from omru.spec import MAX_NAME, shown
 from omru.v1 import common_pb2, planner_pb2, planner_pb2_grpc
+from services.common.aio import wait_event
 from services.common.errors import abort, abort_invalid, abort_not_found, grpc_errors
 from services.executor.worker.spec import SpecError
 from services.planner import convert, logs, report
@@ -42,8 +43,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         left = context.time_remaining()
         until = time.monotonic() + min(ELECTED_WAIT_S, (left if left is not None else ELECTED_WAIT_S) - 0.5)
         while election is not None and leader in ("", election.identity) and time.monotonic() < until:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.dispatcher.started.wait(), 0.5)
+            await wait_event(self.dispatcher.started, 0.5)
             if self.dispatcher.leading:
                 return
             leader = await election.leader()

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from omru.v1 import common_pb2, executor_pb2
+from services.common.aio import wait_event
 from services.common.etcd import Fenced
 from services.common.logging import get_logger
 from services.executor.servicer import is_refusal
@@ -274,8 +275,7 @@ class Trials:
                 raise TrialError("DEADLINE_EXCEEDED", f"trial of {job.job_id} waited for {gpus} free GPUs past the "
                                                       f"request's deadline ({why})")
             self._freed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), min(self.poll_s, left) if left is not None else self.poll_s)
+            await wait_event(self._freed, min(self.poll_s, left) if left is not None else self.poll_s)
 
     def _taken(self) -> set[Gpu]:
         """GPUs no trial may take: claimed, being claimed, or held by a job's attempt."""
@@ -324,8 +324,7 @@ class Trials:
                 raise TrialError("DEADLINE_EXCEEDED", f"trial {trial.trial_id} on {len(trial.gpus)} GPUs did not finish "
                                                       f"in time (trial timeout {self.trial_timeout_s:.0f} s, or the "
                                                       f"request's deadline)")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(trial.news.wait(), left)
+            await wait_event(trial.news, left)
         if trial.failure is not None:
             raise trial.failure
         p = trial.profiled
@@ -349,8 +348,7 @@ class Trials:
             until = loop.time() + self.release_wait_s
             while not trial.released >= set(trial.nodes) and loop.time() < until:
                 trial.news.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(trial.news.wait(), until - loop.time())
+                await wait_event(trial.news, until - loop.time())
             if not trial.released >= set(trial.nodes):
                 log.warning("trial_release_late", trial_id=trial.trial_id,
                             nodes=sorted(set(trial.nodes) - trial.released))
