@@ -224,10 +224,13 @@ class EmulatedGroup:
             await asyncio.sleep(em.resize_cost_s / em.speed)
         job = em.jobs[self.spec.job_id]
         true_s = epoch_seconds(job, self.attempt.world_size, nodes, self.runtime.devices)
-        began = time.time()
+        began = due = time.time()
         for epoch in range(start + 1, self.spec.epochs + 1):
             seconds = true_s * noise_factor(em.seed, self.spec.job_id, epoch, em.noise)
-            await asyncio.sleep(seconds / em.speed)
+            # epochs end on the profile's schedule: the emulator's own work (checkpoint, events, a busy
+            # process) runs inside an epoch's time, as a real worker's does, instead of adding to it
+            due += seconds / em.speed
+            await asyncio.sleep(max(0.0, due - time.time()))
             self._check_peers(peers)
             if self.attempt.lease_lapsed():
                 raise RuntimeError(f"node lease lapsed during epoch {epoch}: stopped without a checkpoint")
