@@ -15,7 +15,7 @@ from omru.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from services.common.aio import wait_event
 from services.common.errors import abort, abort_invalid, abort_not_found, grpc_errors
 from services.executor.worker.spec import SpecError
-from services.planner import convert, logs, report
+from services.planner import convert, logs, report, trials
 from services.planner import state as st
 from services.planner.dispatcher import Dispatcher
 from services.planner.state import JobRecord
@@ -98,6 +98,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
                 problems.append(f"{where}: {exc}")
                 records.append(None)
                 continue
+            if trials.is_trial_id(spec.job_id):
+                problems.append(f"{where}: job_id: ends like a profiling trial's id (<job>.prof-g<n>-<8 hex>), "
+                                "which the planner keeps for its trials")
             if gpus and job.spec.min_gpus > gpus:
                 problems.append(f"{where}: min_gpus: needs {job.spec.min_gpus} GPUs, the cluster has {gpus}")
             if gpus and job.max_gpus > gpus:
@@ -182,7 +185,6 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         """One profiling trial (services/planner/trials.py); only the leader runs trials."""
         from services.executor import convert as executor_convert
         from services.executor.supervisor import DirectiveError
-        from services.planner import trials
 
         if not request.HasField("job"):
             await abort_invalid(context, "job", "is required")

@@ -211,3 +211,20 @@ async def test_a_planner_that_takes_over_ends_the_trials_of_the_one_before(etcd,
                 assert (await ex.job(trial_id)).phase == "stopped"
         finally:
             events.close()
+
+
+async def test_a_job_whose_id_ends_like_a_trials_is_refused_at_submission(etcd, etcd_store, registry):
+    """The planner routes a trial's events by its id: a job may not take that shape."""
+    await registry_node(registry)
+    async with planner(etcd.endpoint, registry.address) as (_, d, stub):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.SubmitJobs(planner_pb2.SubmitJobsRequest(
+                jobs=[spec("mine.prof-g2-0123abcd")],
+                profiles=[planner_pb2.JobProfile(job_id="mine.prof-g2-0123abcd", epoch_seconds={1: 3.0})]), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "jobs[0] ('mine.prof-g2-0123abcd'): job_id: ends like a profiling trial's id" in err.value.details()
+        assert (await etcd_store.list("planner/jobs/"))[0] == []
+        # a dot and the word alone are fine
+        await stub.SubmitJobs(planner_pb2.SubmitJobsRequest(
+            jobs=[spec("mine.prof-run")], profiles=[planner_pb2.JobProfile(job_id="mine.prof-run",
+                                                                           epoch_seconds={1: 3.0})]), timeout=10)
