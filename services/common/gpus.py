@@ -6,6 +6,9 @@ no GPU the node offers `slots` CPU slots of kind "cpu" (one worker each).
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Iterable
+
 from omru.v1 import common_pb2
 
 CPU_KIND = "cpu"
@@ -47,3 +50,10 @@ def cpu_slots(slots: int) -> list[common_pb2.GpuInfo]:
 def detect(slots: int, use_gpus: bool = True) -> list[common_pb2.GpuInfo]:
     """NVML GPUs when there are any (and use_gpus), else `slots` CPU slots."""
     return (nvml_gpus() if use_gpus else []) or cpu_slots(slots)
+
+
+def most_common_kind(kinds: Iterable[str]) -> str:
+    """The GPU kind most of the cluster's GPUs are (the first by name on a tie; "" when none): the kind
+    a profiling trial runs on when none is asked."""
+    counts = Counter(kinds)
+    return max(sorted(counts), key=counts.__getitem__) if counts else ""

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from omru.v1 import common_pb2, executor_pb2
+from services.common.gpus import most_common_kind
 from services.common.aio import wait_event
 from services.common.etcd import Fenced
 from services.common.logging import get_logger
@@ -91,8 +92,7 @@ def kinds(nodes: Mapping[str, object]) -> Counter:
 
 def main_kind(nodes: Mapping[str, object]) -> str:
     """The kind the cluster has most of ("" when it has no GPU)."""
-    counts = kinds(nodes)
-    return max(sorted(counts), key=counts.__getitem__) if counts else ""
+    return most_common_kind(g.kind for n in nodes.values() for g in n.gpus)
 
 
 def pick_free(nodes: Mapping[str, object], kind: str, taken: set[Gpu], gpus: int) -> list[Gpu] | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,6 +26,7 @@ import grpc
 
 from omru.v1 import common_pb2, executor_pb2, planner_pb2, planner_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services.common.channels import open_channel
+from services.common.gpus import most_common_kind
 from services.common.logging import get_logger
 
 log = get_logger(__name__)
@@ -58,8 +58,7 @@ class ClusterShape:
 
     def main_kind(self) -> str:
         """The GPU kind the cluster has most of ("" when it has none)."""
-        kinds = Counter(kind for n in self.nodes for _, kind in n.gpus)
-        return max(sorted(kinds), key=kinds.__getitem__) if kinds else ""
+        return most_common_kind(kind for n in self.nodes for _, kind in n.gpus)
 
     def sizes(self, kind: str) -> list[int]:
         """GPUs of kind per node, largest first."""
