@@ -256,13 +256,16 @@ class EtcdStore:
         existing = tuple(self._kv(kv) for op in response.responses for kv in op.response_range.kvs)
         return TxnResult(False, response.header.revision, existing)
 
-    async def cas(self, key: str, value: bytes, mod_revision: int, lease: int = 0) -> TxnResult:
-        """Write the key only when its mod revision is still mod_revision (0: only when absent).
+    async def cas(self, key: str, value: bytes, mod_revision: int, lease: int = 0,
+                  also: Mapping[str, tuple[bytes, int]] = {}) -> TxnResult:
+        """Write the key only when its mod revision is still mod_revision (0: only when absent), and
+        with it the keys of `also` (key -> (value, lease)).
 
         On failure `existing` holds the current key (empty when it is gone)."""
         full = self._key(key)
         compare = [rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.MOD, key=full, mod_revision=mod_revision)]
-        success = [rpc.RequestOp(request_put=rpc.PutRequest(key=full, value=value, lease=lease))]
+        success = [rpc.RequestOp(request_put=rpc.PutRequest(key=self._key(k), value=v, lease=lease))
+                   for k, (v, lease) in {key: (value, lease), **also}.items()]
         failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=full))]
         response = await self._txn(compare, success, failure, f"cas {key}")
         if response.succeeded:

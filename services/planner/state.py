@@ -2,7 +2,10 @@
 
 Keys (under the store's prefix, JSON values):
 
-    planner/jobs/<job_id>              one `JobRecord`
+    planner/jobs/<job_id>              one `JobRecord`: what changes as it runs (state, epochs, GPUs...)
+    planner/specs/<job_id>             the same job's spec, max_gpus, profile and placements: written
+                                       at submission and when profiled, not at every epoch (they are
+                                       three quarters of a record's bytes)
     planner/plan                       the plan in force (`PlanRecord`)
     planner/first_plan                 the first plan of the batch (the report's "planned")
     planner/origin                     {"origin_s": first submission, Unix seconds}
@@ -25,14 +28,17 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cached_property
 from typing import Callable, Mapping, Sequence
 
 from services.common.etcd import EtcdStore, TxnResult
 from services.planner.report import Event
 
-JOBS, PLAN, FIRST_PLAN, ORIGIN, EVENTS, CURSORS, LEADER = (
-    "planner/jobs/", "planner/plan", "planner/first_plan", "planner/origin", "planner/events/", "planner/cursors/",
-    "planner/leader")
+JOBS, SPECS, PLAN, FIRST_PLAN, ORIGIN, EVENTS, CURSORS, LEADER = (
+    "planner/jobs/", "planner/specs/", "planner/plan", "planner/first_plan", "planner/origin", "planner/events/",
+    "planner/cursors/", "planner/leader")
+#: JobRecord fields kept under SPECS (the rest under JOBS).
+SPEC_FIELDS = ("spec", "max_gpus", "profile", "placement")
 
 #: omru.v1.JobState names without the prefix; terminal ones never change again.
 PENDING, PROFILING, WAITING, STARTING, RUNNING, RESIZING, FINISHED, FAILED, CANCELLED = (
@@ -79,7 +85,7 @@ class JobRecord:
     releasing: tuple[Gpu, ...] = ()
     revision: int = 0  # etcd mod revision (not stored)
 
-    @property
+    @cached_property  # (read in every pass over the jobs)
     def job_id(self) -> str:
         return self.spec["job_id"]
 
@@ -102,14 +108,33 @@ class JobRecord:
         return self.state in TERMINAL
 
     def to_json(self) -> bytes:
+        """The whole record as one JSON value."""
+        return json.dumps(self._fields(), sort_keys=True).encode()
+
+    def state_json(self) -> bytes:
+        """What changes as the job runs (the JOBS key's value)."""
+        return json.dumps({k: v for k, v in self._fields().items() if k not in SPEC_FIELDS}, sort_keys=True).encode()
+
+    def spec_json(self) -> bytes:
+        """The spec, max_gpus, profile and placements (the SPECS key's value)."""
+        return json.dumps({"spec": self.spec, "max_gpus": self.max_gpus, "placement": self.placement,
+                           "profile": {str(k): v for k, v in self.profile.items()}}, sort_keys=True).encode()
+
+    def same_spec(self, other: "JobRecord") -> bool:
+        return all(getattr(self, f) is getattr(other, f) or getattr(self, f) == getattr(other, f) for f in SPEC_FIELDS)
+
+    def _fields(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "revision"}  # (json copies deep)
         d["profile"] = {str(k): v for k, v in self.profile.items()}
         d["observed"] = {f"{g}:{k}": list(v) for (g, k), v in self.observed.items()}
-        return json.dumps(d, sort_keys=True).encode()
+        return d
 
     @classmethod
-    def from_json(cls, data: bytes, revision: int = 0) -> "JobRecord":
+    def from_json(cls, data: bytes, revision: int = 0, spec: bytes | None = None) -> "JobRecord":
+        """From `to_json`'s value, or from `state_json`'s with `spec_json`'s as `spec`."""
         d = json.loads(data)
+        if spec is not None:
+            d.update(json.loads(spec))
         d["profile"] = {int(k): float(v) for k, v in d.get("profile", {}).items()}
         d["observed"] = {_placement_key(k): [float(v[0]), int(v[1]), *map(float, v[2:3])]
                          for k, v in d.get("observed", {}).items()}
@@ -137,20 +162,47 @@ class PlannerState:
 
     def __init__(self, store: EtcdStore) -> None:
         self.store = store
+        self._specs: dict[str, JobRecord] = {}  # job -> a record whose spec fields are the ones stored
 
     # --- jobs ---------------------------------------------------------------
 
     async def jobs(self) -> list[JobRecord]:
         kvs, _ = await self.store.list(JOBS)
-        return [JobRecord.from_json(kv.value, kv.mod_revision) for kv in kvs]
+        specs = {kv.key[len(SPECS):]: kv.value for kv in (await self.store.list(SPECS))[0]}
+        return [self._record(kv.key[len(JOBS):], kv, specs.get(kv.key[len(JOBS):])) for kv in kvs]
 
     async def job(self, job_id: str) -> JobRecord | None:
         kv = await self.store.get(JOBS + job_id)
-        return None if kv is None else JobRecord.from_json(kv.value, kv.mod_revision)
+        if kv is None:
+            return None
+        spec = await self.store.get(SPECS + job_id)
+        return self._record(job_id, kv, spec.value if spec is not None else None)
+
+    def _record(self, job_id: str, kv, spec: bytes | None) -> JobRecord:
+        r = JobRecord.from_json(kv.value, kv.mod_revision, spec)
+        if spec is not None:  # (a record stored whole, before SPECS: its spec is written with its next change)
+            self._stored(r)
+        return r
+
+    def _puts(self, record: JobRecord) -> dict[str, tuple[bytes, int]]:
+        """The keys to write for `record`: its state, and its spec unless the one stored is the same."""
+        puts = {JOBS + record.job_id: (record.state_json(), 0)}
+        known = self._specs.get(record.job_id)
+        if known is None or not known.same_spec(record):
+            puts[SPECS + record.job_id] = (record.spec_json(), 0)
+        return puts
+
+    def _stored(self, record: JobRecord) -> None:
+        self._specs[record.job_id] = record
 
     async def create_jobs(self, records: list[JobRecord]) -> tuple[bool, list[str]]:
         """Create every record, all or nothing; (created, ids that already existed)."""
-        result = await self.store.create({JOBS + r.job_id: r.to_json() for r in records})
+        puts = {k: v for r in records for k, v in ((JOBS + r.job_id, (r.state_json(), 0)),
+                                                  (SPECS + r.job_id, (r.spec_json(), 0)))}
+        result = await self.store.commit(puts, absent=[JOBS + r.job_id for r in records])
+        if result.succeeded:
+            for r in records:
+                self._stored(r)
         return result.succeeded, [kv.key[len(JOBS):] for kv in result.existing]
 
     async def update_job(self, job_id: str, change: Callable[[JobRecord], JobRecord | None],
@@ -166,8 +218,11 @@ class PlannerState:
             new = change(current)
             if new is None or new == current:
                 return current
-            result = await self.store.cas(JOBS + job_id, new.to_json(), current.revision)
+            puts = self._puts(new)
+            state, _ = puts.pop(JOBS + job_id)
+            result = await self.store.cas(JOBS + job_id, state, current.revision, also=puts)
             if result.succeeded:
+                self._stored(new)
                 return replace(new, revision=result.revision)
         raise StateRace(f"job {job_id!r} changed 20 times while being updated")
 
@@ -196,9 +251,12 @@ class PlannerState:
             for g, lease in claim.items()}
         puts.update({keys.alloc_key(node, job_id): value for node, value in put.items()})
         if record is not None:
-            puts[JOBS + job_id] = (record.to_json(), 0)
+            puts.update(self._puts(record))
         deletes = [keys.alloc_key(node, job_id) for node in drop] + [keys.claim_key(*g) for g in release]
-        return await self.store.commit(puts, deletes, absent=[keys.claim_key(*g) for g in claim])
+        result = await self.store.commit(puts, deletes, absent=[keys.claim_key(*g) for g in claim])
+        if result.succeeded and record is not None:
+            self._stored(record)
+        return result
 
     # --- plan and origin ----------------------------------------------------
 

@@ -143,3 +143,37 @@ async def test_the_sdk_and_omru_status_list_jobs_through_list_jobs(etcd, registr
         assert [j["job_id"] for j in json.loads(capsys.readouterr().out)["jobs"]] == ["q"]
         rc = await asyncio.to_thread(main, ["status", "--planner", running.address, "--state", "bogus"])
         assert rc == 2 and "--state: unknown job state 'bogus'" in capsys.readouterr().err
+
+
+async def test_a_job_record_stores_its_spec_once_and_reads_back_whole(etcd_store):
+    """A record's spec, profile and placements (most of its bytes) are written at submission and when
+    they change, not with every epoch; reads join the two keys; a record stored whole still reads."""
+    from dataclasses import replace
+
+    from services.planner import state as st
+
+    state = st.PlannerState(etcd_store)
+    r = st.JobRecord(spec={"job_id": "j", "epochs": 9}, max_gpus=4, profile={1: 20.0, 2: 11.0, 4: 6.0},
+                     placement=((4, 2, 7.5),), submitted_s=1.0)
+    assert (await state.create_jobs([r]))[0]
+    spec_revision = (await etcd_store.get(st.SPECS + "j")).mod_revision
+    for epoch in range(1, 4):
+        r = await state.update_job("j", lambda c: replace(c, state=st.RUNNING, epochs_done=epoch))
+    assert (await etcd_store.get(st.SPECS + "j")).mod_revision == spec_revision
+    assert b"profile" not in (await etcd_store.get(st.JOBS + "j")).value
+    assert await state.job("j") == r and (await state.jobs()) == [r]
+    assert r.epochs_done == 3 and r.profile == {1: 20.0, 2: 11.0, 4: 6.0} and r.placement == ((4, 2, 7.5),)
+
+    # a new profile is written with the change that brings it, in the same transaction
+    r = await state.update_job("j", lambda c: replace(c, profile={1: 19.0}, epochs_done=4))
+    assert (await etcd_store.get(st.SPECS + "j")).mod_revision == r.revision
+    # as is one a fresh PlannerState (a planner that took over) has not seen stored
+    other = st.PlannerState(etcd_store)
+    assert (await other.change("j", record=replace(r, max_gpus=2))).succeeded
+    assert (await state.job("j")).max_gpus == 2
+
+    # a record stored whole (before specs had their own key) reads as it was
+    old = replace(r, spec={"job_id": "old", "epochs": 2}, revision=0)
+    await etcd_store.put(st.JOBS + "old", old.to_json())
+    back = await state.job("old")
+    assert replace(back, revision=0) == old
