@@ -807,6 +807,8 @@ class Dispatcher:
                                   None if waiting else (r.target if moving else r.gpus))
         for job_id, mine in owned.items():  # ended (or not the planner's) but not released yet: untouchable
             live[job_id] = Live(job_id, True, True, tuple(mine), 0, ended=True)
+        if any(s.job_id not in live for s in self.steps):  # the steps of jobs that ended are done
+            self.steps = [s for s in self.steps if s.job_id in live]
         moves = follow(self.steps, live, gpus)
         await asyncio.gather(*(self._act(m) for m in moves))
         if self._planning:
