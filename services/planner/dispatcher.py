@@ -12,14 +12,12 @@ a node joins or is lost, a job's mean epoch time departs from the plan's by
 more than REPLAN_DEVIATION and enough to move its end by more than the
 lateness slack (`departs`), or nothing planned can start while every job
 waits. It plans the remaining work with the policy from the core registry
-(epoch times = profile + measured start overhead spread over the remaining
-epochs), giving the core the epoch each running job is in, on the GPUs it
-holds, as committed history, and a deadline (REPLAN_DEADLINE_S: a search
-returns the best plan it found by then), and keeps the plan in force (as it
-runs from now on) unless it finds one better by more than MAKESPAN_TOLERANCE
-(`plan_problem`); the planning runs in a thread (a large problem:
-in a child process, so that it does not starve the event loop of the GIL:
-lease keep-alives, executor events) and everything keeps going meanwhile.
+(problem.py: the problem from the live jobs, with what runs as committed
+history; the plan in force kept unless the new one is better by more than
+MAKESPAN_TOLERANCE; the plan back as steps); the planning runs in a thread (a
+large problem: in a child process, so that it does not starve the event loop
+of the GIL: lease keep-alives, executor events) and everything keeps going
+meanwhile.
 
 Following (`_follow`, on every event that frees GPUs or brings a job to a
 planned move) begins the planned steps whose time has really come, on exactly
@@ -38,11 +36,8 @@ Profiles: a job submitted with epoch times (workload `profile:`) uses them;
 otherwise the profiler service measures it, each trial run by this planner
 as an allocation like a job's (trials.py: the thin hooks here route a
 trial's executor events there and count its GPUs as owned). Every epoch an executor reports
-refines them: the planner plans with the mean epoch time observed at each
-placement (GPU count, nodes spanned) once it settled away from the time
-planned there (at least 3 epochs, off by more than 3 standard errors: noise
-alone moves no plan), and scales the other times by the observed/expected
-ratio (`timing`; off with learn_profiles=False). Start overhead (directive sent ->
+refines them (learn.py: the planner plans with the mean epoch time observed at
+each placement once it settled away from the time planned there). Start overhead (directive sent ->
 first epoch done, minus that epoch's own seconds) is measured on every
 attempt; until the first measurement the configured prior is used.
 """
@@ -51,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import time
 from dataclasses import replace
@@ -63,8 +57,9 @@ from services.common.logging import get_logger
 from services.executor.servicer import is_refusal
 from services.executor.supervisor import is_self_stop
 from services.planner import state as st
-from services.planner.core.model import epoch_table as filled_table
+from services.planner import problem as planning
 from services.planner.follow import Live, Move, Step, blockers, follow, late
+from services.planner.learn import observe, settled, timing
 from services.planner.report import Event
 from services.planner.state import JobRecord, PlannerState
 from services.planner.trials import TRIAL_TIMEOUT_S, Trials
@@ -94,96 +89,8 @@ REPLAN_LATE = 0.05
 #: A job whose mean epoch time departs from the plan's by more than this share (and enough to move its
 #: end by more than REPLAN_LATE of the plan's makespan) makes the planner replan.
 REPLAN_DEVIATION = 0.10
-#: Observed epoch times change a plan (a replan, the profile planned with) only from this many epochs on,
-#: and only when their mean is off by more than SIGNIFICANCE standard errors (`settled`).
-MIN_EPOCHS_SEEN = 3
-SIGNIFICANCE = 3.0
 #: Problems of at least this many (job, GPU count) epoch times plan in a child process, not a thread.
 PROCESS_PLAN_MIN = 20_000
-#: Wall seconds a policy that searches (omru's `deadline_s`) may take: a replan while jobs run, and a plan
-#: of a cluster where nothing runs yet. While the core plans, jobs start and move on the plan in force, and
-#: the new plan, made from a snapshot, fits less of what runs the longer it took.
-REPLAN_DEADLINE_S = 1.0
-PLAN_DEADLINE_S = 5.0
-
-
-# --- epoch tables --------------------------------------------------------------
-
-
-def epoch_table(profile: Mapping[int, float], gpus: int, min_gpus: int = 1, max_gpus: int = 0) -> dict[int, float]:
-    """Seconds per epoch for every count 1..gpus from a (possibly partial) measured profile.
-
-    Gaps are filled by the planning core's rule (core/model.py `epoch_table`):
-    unmeasured counts take the nearest measured count below (no speed-up is
-    assumed that was not measured); counts below the smallest measured one
-    scale it ideally. Counts above max_gpus cost slightly more than max_gpus
-    and counts below min_gpus a hundredfold, so policies avoid them.
-    """
-    table = filled_table(profile, gpus)
-    if max_gpus:
-        for g in range(max_gpus + 1, gpus + 1):
-            table[g] = table[max_gpus] * (1 + 0.01 * (g - max_gpus))
-    for g in range(1, min(min_gpus, gpus + 1)):
-        table[g] = table[g] * 100
-    return table
-
-
-def observe(observed: Mapping[int, Sequence[float]], gpus: int, seconds: float) -> dict[int, list[float]]:
-    """`observed` with one more epoch of `seconds` on `gpus` GPUs folded into its running statistics
-    [mean, epochs, sum of squared deviations] (Welford's update)."""
-    mean, n, m2 = stats(observed.get(gpus))
-    out = {k: list(v) for k, v in observed.items()}
-    n += 1
-    delta = seconds - mean
-    mean += delta / n
-    out[gpus] = [mean, n, m2 + delta * (seconds - mean)]
-    return out
-
-
-def stats(seen: Sequence[float] | None) -> tuple[float, int, float]:
-    """(mean, epochs, sum of squared deviations) of an `observe` entry (records stored before the third
-    field read as no spread)."""
-    if not seen:
-        return 0.0, 0, 0.0
-    return float(seen[0]), int(seen[1]), float(seen[2]) if len(seen) > 2 else 0.0
-
-
-def settled(seen: Sequence[float] | None, expected_s: float) -> float | None:
-    """The observed mean epoch time when it really differs from `expected_s`: at least MIN_EPOCHS_SEEN
-    epochs, off by more than SIGNIFICANCE standard errors of their mean (epoch times that vary as much
-    as they differ say nothing yet); None otherwise."""
-    mean, n, m2 = stats(seen)
-    if n < MIN_EPOCHS_SEEN or mean <= 0:
-        return None
-    standard_error = math.sqrt(m2 / (n - 1) / n)
-    return mean if abs(mean - expected_s) > SIGNIFICANCE * standard_error else None
-
-
-def timing(r: "JobRecord", cluster, learn: bool = True):
-    """The job's epoch times as the cluster runs them, as a core Job (its `epoch_seconds(gpus, nodes)`):
-    its profile as an `epoch_table` over the cluster's GPUs and its measured spreads; with `learn`, each
-    placement (GPUs, nodes spanned) whose observed mean settled away from that time (`settled`) takes the
-    mean there (at the tightest placement of its count, the profile's time too), and every other time is
-    scaled by the mean ratio observed / expected over those (a job that runs slower side by side than
-    it profiled alone is planned slower everywhere)."""
-    from services.planner.core.model import Job
-
-    gpus = cluster.gpus
-    table = epoch_table(r.profile, gpus, r.spec.get("min_gpus", 1), r.max_gpus)
-    base = Job(r.job_id, 1, table, placement={(g, k): t for g, k, t in r.placement if g <= gpus})
-    seen = {key: m for key, v in (r.observed.items() if learn else ())
-            if key[0] <= gpus and (m := settled(v, base.epoch_seconds(*key))) is not None}
-    if not seen:
-        return base
-    scale = sum(m / base.epoch_seconds(*key) for key, m in seen.items()) / len(seen)
-    profile = {g: t * scale for g, t in table.items()}
-    profile.update({g: m for (g, k), m in seen.items() if k == tightest(cluster, g)})
-    return Job(r.job_id, 1, profile, placement={**{key: t * scale for key, t in base.placement.items()}, **seen})
-
-
-def tightest(cluster, gpus: int) -> int:
-    """The fewest machines `gpus` GPUs of the cluster can lie on (the profile's placement)."""
-    return cluster.fewest_hosts(-(-gpus // cluster.gpus_per_node))
 
 
 def departs(planned_s: float, seen: Sequence[float] | None, epochs_left: int, makespan_s: float) -> bool:
@@ -753,7 +660,9 @@ class Dispatcher:
             if not records or not gpus:
                 return
             problem, base, timings = self._problem(records, gpus)
-            incumbent = self._incumbent(problem, base, gpus) if problem is not None else ()
+            incumbent = planning.incumbent(self._steps_of, problem, base, gpus,
+                                           (time.time() - self._plan_origin) * self.time_scale) \
+                if problem is not None and self.steps else ()
             attempts = {r.job_id: r.attempt for r in records}
         self._planning = True
         try:
@@ -827,75 +736,13 @@ class Dispatcher:
                 self.poke()
 
     def _problem(self, records: list[JobRecord], gpus: list[Gpu]):
-        """(PlanningInput with the running jobs' current epochs as committed history, epochs done before
-        each job's first planned step, each job's `timing`); the input is None when every job is in
-        its last epoch."""
-        from services.planner.core.model import Cluster, Job, PlanningInput, Segment
-
-        sizes: dict[str, int] = {}
-        for node, _ in gpus:  # (sorted: each node's GPUs in a row)
-            sizes[node] = sizes.get(node, 0) + 1
-        cluster = Cluster.of_sizes(list(sizes.values()))
-        index = {g: i for i, g in enumerate(gpus)}
-        now, overhead = time.time(), self.overhead_s
-        timings, jobs, committed, base, cache = {}, [], [], {}, {}
-        for r in records:
-            timings[r.job_id] = timing = self._timing_of(r, cluster, cache)
-            left = max(r.epochs - r.epochs_done, 0)
-            base[r.job_id] = r.epochs_done
-            held = r.target if r.state in (st.STARTING, st.RESIZING) else r.gpus
-            running = r.state != st.WAITING and held and all(g in index for g in held)
-            where = (len(held), len({g[0] for g in held})) if running else None
-            if running and left:  # its epoch under way ends at its next boundary, on what it holds
-                tau = timing.epoch_seconds(*where)
-                elapsed = (now - r.progress_s) * self.time_scale if r.state == st.RUNNING and r.progress_s else 0.0
-                until = max(tau - elapsed, 0.05 * tau) + (overhead if r.state != st.RUNNING else 0.0)
-                committed.append(Segment(r.job_id, 0.0, until, tuple(sorted(index[g] for g in held)), 1))
-                left -= 1
-                base[r.job_id] += 1
-            if left <= 0:
-                continue
-            share = overhead / left  # a (re)start, spread over the epochs left; none where it runs now
-            profile = {g: t + share for g, t in timing.profile.items()}
-            placement = {key: t + share for key, t in timing.placement.items()}
-            if running:
-                profile[where[0]] = timing.profile[where[0]]
-                if where in placement:
-                    placement[where] = timing.placement[where]
-            jobs.append(Job(id=r.job_id, epochs=left, profile=profile, placement=placement))
+        """problem.problem for these records now (each job's timing kept from the last replan while its
+        inputs are unchanged: tables over a large cluster are long)."""
+        cache: dict = {}
+        out = planning.problem(records, gpus, lambda r, cluster: self._timing_of(r, cluster, cache), time.time(),
+                              self.time_scale, self.overhead_s, self.seed, self.policy_options)
         self._table_cache = cache
-        if not jobs:
-            return None, base, timings
-        options = {"deadline_s": REPLAN_DEADLINE_S if committed else PLAN_DEADLINE_S, **self.policy_options,
-                   "committed": tuple(committed), "start_s": 0.0}
-        return (PlanningInput(jobs=tuple(jobs), cluster=cluster, seed=self.seed, options=options,
-                              resize_cost_s=overhead), base, timings)
-
-    def _incumbent(self, problem, base: dict[str, int], gpus: list[Gpu]) -> tuple:
-        """The plan in force on the problem's terms: each job's steps cut to the epochs it has left after
-        what it runs now, on GPU indices, at their planned times from now; () when that plan does not
-        cover the problem (a job it does not plan, a GPU gone)."""
-        from services.planner.core.model import Segment
-
-        if not self.steps:
-            return ()
-        index = {g: i for i, g in enumerate(gpus)}
-        shift = (time.time() - self._plan_origin) * self.time_scale
-        out = []
-        for job in problem.jobs:
-            first, covered = base[job.id], 0
-            for s in sorted(self._steps_of.get(job.id, ()), key=lambda s: s.after):
-                lo, hi = max(s.after, first), min(s.after + s.epochs, first + job.epochs)
-                if hi <= lo:
-                    continue
-                if any(g not in index for g in s.gpus):
-                    return ()
-                start = max(s.start_s - shift, 0.0)
-                out.append(Segment(job.id, start, start, tuple(sorted(index[g] for g in s.gpus)), hi - lo))
-                covered += hi - lo
-            if covered != job.epochs:
-                return ()
-        return tuple(out)
+        return out
 
     def _timing_of(self, r: JobRecord, cluster, cache: dict):
         """The job's `timing`, kept from the last replan while its inputs are unchanged (tables over a
@@ -933,7 +780,7 @@ class Dispatcher:
         committed = problem.options["committed"]
         began = time.monotonic()
         try:
-            result, kept = await self._run(plan_problem, name, incumbent, problem)
+            result, kept = await self._run(planning.plan_problem, name, incumbent, problem)
         except PlanningError as exc:
             log.error("planning_failed", error=str(exc))
             return None
@@ -941,21 +788,9 @@ class Dispatcher:
         seconds = wall * self.time_scale  # in job seconds
         log.info("planned", policy=name, jobs=len(problem.jobs), running=len(committed), plan_s=round(wall, 4),
                  makespan_s=round(result.makespan_s, 1), kept=kept)
-        done = dict(base)
-        steps = []
-        for s in sorted(result.segments, key=lambda s: (s.start_s, s.job)):
-            # a policy may spread a job wider than it may run (its table only discourages it): it runs
-            # on the first max_gpus of them, which it can, and the rest idle
-            cap = self.records[s.job].max_gpus or len(s.gpus)
-            steps.append(Step(s.job, tuple(gpus[i] for i in s.gpus[:cap]), done[s.job], s.start_s, s.epochs))
-            done[s.job] += s.epochs
-        record = {  # times from its creation, now, once planned (as it is followed: _plan_origin)
-            "version": 0, "policy": name, "created_unix_s": time.time(), "planning_seconds": seconds,
-            "makespan_s": result.makespan_s, "overhead_s": self.overhead_s, "lower_bound_s": 0.0,
-            "segments": [{"job": s.job, "start_s": s.start_s, "end_s": s.end_s,
-                          "gpus": [list(gpus[i]) for i in s.gpus], "epochs": s.epochs} for s in result.segments],
-        }
-        return {"steps": steps, "record": record, "makespan_s": result.makespan_s}
+        steps = planning.steps(result, gpus, base, {j.id: self.records[j.id].max_gpus for j in problem.jobs})
+        return {"steps": steps, "record": planning.record(result, name, gpus, seconds, self.overhead_s),
+                "makespan_s": result.makespan_s}
 
     async def _run(self, fn, *args, background: bool = False):
         """fn(*args) (the last one the problem) in a thread, or for a large problem in a child process,
@@ -1128,27 +963,6 @@ async def _batches(call, convert_event):
     finally:
         reader.cancel()
         call.cancel()
-
-
-def plan_problem(name: str, incumbent, problem):
-    """(plan, kept): policy `name`'s plan, replayed after the committed history when it has any or breaks
-    a rule; or, kept True, the `incumbent` segments (the plan in force, from now) replayed the same way
-    when the new plan is not better by more than the makespan tolerance: a replan made in a hurry
-    (deadline_s) must not trade a plan the cluster follows for a worse one, nor restart jobs for noise."""
-    from services.planner.core import registry, validate
-    from services.planner.core.model import Plan
-    from services.planner.core.simulator import replay
-
-    committed = problem.options.get("committed", ())
-    result = registry.plan(name, problem)
-    if committed or validate.violations(result, problem):  # as the cluster runs it, after what runs
-        result = replay(result, problem, committed)
-    if incumbent:
-        kept = replay(Plan(result.policy, tuple(incumbent)), problem, committed)
-        tolerance = problem.options.get("makespan_tolerance", 0.0)
-        if kept.makespan_s <= result.makespan_s * (1 + tolerance) and not validate.violations(kept, problem):
-            return kept, True
-    return result, False
 
 
 def default_policy() -> str:

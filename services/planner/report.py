@@ -22,7 +22,7 @@ Definitions (all times are Unix seconds; ``origin`` is the first submission):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
 STARTED, EPOCH_DONE, FINISHED, GPUS_RELEASED, FAILED = "started", "epoch_done", "finished", "gpus_released", "failed"

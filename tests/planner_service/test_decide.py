@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from services.planner.dispatcher import departs, epoch_table, observe, settled, timing
+from services.planner.dispatcher import departs
+from services.planner.learn import epoch_table, observe, settled, timing
 from services.planner.follow import Live, Step, blockers, follow, late
 
 N0 = [("n0", 0), ("n0", 1)]

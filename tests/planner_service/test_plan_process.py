@@ -11,6 +11,7 @@ import time
 import pytest
 
 from services.planner import dispatcher as dispatch
+from services.planner.problem import plan_problem
 from services.planner.core.bounds import fluid
 from services.planner.core.model import Cluster, Job, PlanningInput
 
@@ -24,13 +25,13 @@ def problem() -> PlanningInput:
 
 async def test_a_large_problem_plans_in_a_child_process_the_same_plan_and_the_children_end_on_stop(monkeypatch):
     p = problem()
-    in_thread, _ = dispatch.plan_problem("omru", (), p)
+    in_thread, _ = plan_problem("omru", (), p)
     d = dispatch.Dispatcher(None, registry="", profiler="", policy="omru")
     monkeypatch.setattr(dispatch, "PROCESS_PLAN_MIN", 1)
-    in_child, _ = await d._run(dispatch.plan_problem, "omru", (), p)
+    in_child, _ = await d._run(plan_problem, "omru", (), p)
     pool = d._pools[False]
     assert (in_child.makespan_s, in_child.segments) == (in_thread.makespan_s, in_thread.segments)
-    again, _ = await d._run(dispatch.plan_problem, "omru", (), p)
+    again, _ = await d._run(plan_problem, "omru", (), p)
     assert again.makespan_s == in_child.makespan_s and d._pools[False] is pool  # spawned once
     bound = await d._run(fluid, p, background=True)  # beside the plans, at low CPU priority
     assert 0 < bound <= in_child.makespan_s
@@ -55,16 +56,16 @@ def test_a_replan_keeps_the_plan_in_force_unless_it_finds_one_better_by_more_tha
     p = problem()
     p = PlanningInput(p.jobs, p.cluster, seed=0, options={**p.options, "makespan_tolerance": 0.02},
                       resize_cost_s=p.resize_cost_s)
-    fresh, kept = dispatch.plan_problem("omru", (), p)
+    fresh, kept = plan_problem("omru", (), p)
     assert not kept
     # the plan in force, as the dispatcher hands it over (its segments' times only order them)
     incumbent = tuple(Segment(s.job, s.start_s, s.start_s, s.gpus, s.epochs) for s in fresh.segments)
-    again, kept = dispatch.plan_problem("omru", incumbent, p)
+    again, kept = plan_problem("omru", incumbent, p)
     assert kept and again.makespan_s == pytest.approx(fresh.makespan_s)
     # one that runs every job alone on one GPU, one after the other, is not kept
     serial, t = [], 0.0
     for j in p.jobs:
         serial.append(Segment(j.id, t, t, (0,), j.epochs))
         t += j.epochs * j.profile[1]
-    worse, kept = dispatch.plan_problem("omru", tuple(serial), p)
+    worse, kept = plan_problem("omru", tuple(serial), p)
     assert not kept and worse.makespan_s == pytest.approx(fresh.makespan_s)
