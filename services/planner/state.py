@@ -135,8 +135,9 @@ class StateRace(Exception):
 class PlannerState:
     """Typed reads and writes of the planner's keys."""
 
-    def __init__(self, store: EtcdStore) -> None:
+    def __init__(self, store: EtcdStore, meter=None) -> None:
         self.store = store
+        self.meter = meter  # times the claim transactions (`change`): services/planner/metrics.py PlannerMeter
 
     # --- jobs ---------------------------------------------------------------
 
@@ -198,7 +199,20 @@ class PlannerState:
         if record is not None:
             puts[JOBS + job_id] = (record.to_json(), 0)
         deletes = [keys.alloc_key(node, job_id) for node in drop] + [keys.claim_key(*g) for g in release]
-        return await self.store.commit(puts, deletes, absent=[keys.claim_key(*g) for g in claim])
+        if not claim or self.meter is None:
+            return await self.store.commit(puts, deletes, absent=[keys.claim_key(*g) for g in claim])
+        from services.common.etcd import LeaseNotFound
+
+        began, outcome = time.monotonic(), "error"
+        try:
+            result = await self.store.commit(puts, deletes, absent=[keys.claim_key(*g) for g in claim])
+            outcome = "claimed" if result.succeeded else "taken"
+            return result
+        except LeaseNotFound:
+            outcome = "lease_gone"
+            raise
+        finally:
+            self.meter.claimed(time.monotonic() - began, outcome)
 
     # --- plan and origin ----------------------------------------------------
 
