@@ -108,14 +108,13 @@ class _PlannerState(LoopCollector):
         if s is not None:
             leading.add_metric([], 1 if s["leading"] else 0)
             counts = dict.fromkeys(STATES, 0)
-            for job_id, st, done, epochs, size in s["jobs"]:
+            for job_id, st, done, to_train, size in s["jobs"]:
                 counts[st] = counts.get(st, 0) + 1
                 if st in ("FINISHED", "FAILED", "CANCELLED"):
                     continue
-                epochs_of = [job_id]
-                epochs.add_metric(epochs_of, done)
-                total.add_metric(epochs_of, epochs)
-                world.add_metric(epochs_of, size if st in ("STARTING", "RUNNING", "RESIZING") else 0)
+                epochs.add_metric([job_id], done)
+                total.add_metric([job_id], to_train)
+                world.add_metric([job_id], size if st in ("STARTING", "RUNNING", "RESIZING") else 0)
                 state.add_metric([job_id, st], 1)
             for st, n in counts.items():
                 by_state.add_metric([st], n)

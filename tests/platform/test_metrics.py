@@ -1,0 +1,174 @@
+"""Prometheus metrics: every service of a real cluster (etcd, registry, profiler, planner, one
+executor, as processes started with --metrics-port 0) answers `curl` on its metrics port with its
+omru_* families while a tiny job runs, and their values follow the job; a bearer token guards the
+metrics as it guards the gRPC calls; a bad --metrics-port exits 2 naming it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from omru.v1 import planner_pb2, planner_pb2_grpc
+from services.common.channels import open_channel
+from services.common.cluster import LocalCluster, child_env
+from tests.executor.service_builders import tiny_job
+
+#: The families each service exports (the dashboard, deploy/grafana/omru.json, uses only these).
+FAMILIES = {
+    "registry": {"omru_registry_lease_renewals", "omru_registry_registrations", "omru_registry_claim_seconds",
+                 "omru_registry_nodes", "omru_registry_gpus", "omru_registry_gpus_claimed", "omru_etcd_errors"},
+    "profiler": {"omru_profiler_trials", "omru_profiler_trial_seconds", "omru_profiler_profiles",
+                 "omru_profiler_profile_seconds", "omru_etcd_errors"},
+    "planner": {"omru_planner_reconciles", "omru_planner_plan_seconds", "omru_planner_claim_seconds",
+                "omru_planner_leader", "omru_planner_jobs", "omru_planner_queue_length",
+                "omru_planner_job_epochs_done", "omru_planner_job_epochs", "omru_planner_job_world_size",
+                "omru_planner_job_state", "omru_planner_gpus_owned", "omru_planner_gpus", "omru_planner_nodes",
+                "omru_planner_plan_version", "omru_planner_start_overhead_seconds", "omru_etcd_errors"},
+    "executor-0": {"omru_executor_job_state", "omru_executor_job_epochs_done", "omru_executor_job_world_size",
+                   "omru_executor_job_gpus", "omru_executor_job_restarts", "omru_executor_job_epoch_seconds",
+                   "omru_executor_job_last_epoch_seconds", "omru_executor_gpus", "omru_executor_gpus_held",
+                   "omru_executor_gpus_free", "omru_executor_events"},
+}
+
+
+def curl(address: str, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["curl", "-sS", "--max-time", "10", *options, f"http://{address}/metrics"],
+                          capture_output=True, text=True, timeout=30)
+
+
+def scrape(address: str) -> dict[str, dict[tuple, float]]:
+    """family name -> {(sample name, sorted labels): value} of what `curl` reads at address."""
+    done = curl(address, "-f")
+    assert done.returncode == 0, f"curl {address}: {done.stderr}"
+    return {f.name: {(s.name, tuple(sorted(s.labels.items()))): s.value for s in f.samples}
+            for f in text_string_to_metric_families(done.stdout)}
+
+
+def value(families: dict, sample: str, **labels) -> float | None:
+    family = families.get(sample.removesuffix("_total").removesuffix("_count").removesuffix("_sum"), {})
+    return family.get((sample, tuple(sorted(labels.items()))))
+
+
+async def scrape_until(address: str, check, timeout: float = 120.0, what: str = "") -> dict:
+    """Scrape every 0.3 s until check(families) holds; the families then."""
+    deadline = time.monotonic() + timeout
+    families: dict = {}
+    while time.monotonic() < deadline:
+        families = await asyncio.to_thread(scrape, address)
+        if check(families):
+            return families
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"{what or 'condition'} never held at {address}; last scrape: "
+                         f"{ {k: v for k, v in families.items() if k.startswith('omru_')} }")
+
+
+@pytest.mark.timeout(300)
+async def test_every_service_serves_its_families_while_a_job_runs_and_they_follow_it(tmp_path):
+    cluster = LocalCluster(nodes=1, slots_per_node=2, planner_port=0, work_dir=tmp_path / "up", ttl_seconds=5,
+                           metrics=True)
+    await asyncio.to_thread(cluster.start)
+    try:
+        metrics = cluster.ready_line()["metrics"]
+        assert set(metrics) == set(FAMILIES), metrics
+        assert len(set(metrics.values())) == len(metrics) and all(a.startswith("127.0.0.1:") for a in metrics.values())
+        # the planner leads, and sees the node's 2 slots, before the job comes
+        await scrape_until(metrics["planner"], lambda f: value(f, "omru_planner_leader") == 1
+                           and value(f, "omru_planner_gpus") == 2, 60, "planner leading over 2 GPUs")
+        job = tiny_job("metrics-job", epochs=12, min_gpus=2, max_gpus=2)
+        channel = open_channel(cluster.service("planner").address)
+        try:
+            await planner_pb2_grpc.PlannerServiceStub(channel).SubmitJobs(planner_pb2.SubmitJobsRequest(
+                jobs=[job], profiles=[planner_pb2.JobProfile(job_id="metrics-job", epoch_seconds={1: 2.0, 2: 1.0})]),
+                timeout=10)
+        finally:
+            await channel.close()
+
+        node = metrics["executor-0"]
+        key = dict(node="node-0", job="metrics-job")
+        # the node: one epoch done, its GPUs held by the job (its world size), none free
+        running = await scrape_until(node, lambda f: (value(f, "omru_executor_job_epochs_done", **key) or 0) >= 1
+                                     and value(f, "omru_executor_job_state", **key, state="running") == 1, 180,
+                                     "an epoch of the running job")
+        assert value(running, "omru_executor_job_world_size", **key) == 2
+        assert value(running, "omru_executor_gpus", node="node-0") == 2
+        assert value(running, "omru_executor_gpus_held", node="node-0") == 2
+        assert value(running, "omru_executor_gpus_free", node="node-0") == 0
+        assert value(running, "omru_executor_job_gpus", **key) == 2
+        assert value(running, "omru_executor_job_epoch_seconds_count", **key) >= 1
+        assert 0 < value(running, "omru_executor_job_last_epoch_seconds", **key) < 60
+        assert value(running, "omru_executor_events_total", node="node-0", kind="started") >= 1
+        first = value(running, "omru_executor_job_epochs_done", **key)
+
+        # the planner, while the job runs: it planned (reconciled, timed the plan), claimed 2 GPUs
+        planner = await asyncio.to_thread(scrape, metrics["planner"])
+        assert value(planner, "omru_planner_reconciles_total") >= 1
+        assert value(planner, "omru_planner_plan_seconds_count") >= 1
+        assert value(planner, "omru_planner_claim_seconds_count", outcome="claimed") >= 1
+        assert value(planner, "omru_planner_jobs", state="RUNNING") == 1
+        assert value(planner, "omru_planner_queue_length") == 0
+        assert value(planner, "omru_planner_gpus_owned") == 2
+        assert value(planner, "omru_planner_job_world_size", job="metrics-job") == 2
+        assert value(planner, "omru_planner_job_epochs", job="metrics-job") == 12
+        assert value(planner, "omru_planner_job_state", job="metrics-job", state="RUNNING") == 1
+        assert value(planner, "omru_planner_plan_version") >= 1
+
+        # the registry: the node's lease renewed, its 2 GPUs live and claimed
+        registry = await asyncio.to_thread(scrape, metrics["registry"])
+        assert value(registry, "omru_registry_lease_renewals_total", outcome="ok") >= 1
+        assert value(registry, "omru_registry_registrations_total", outcome="ok") >= 1
+        assert value(registry, "omru_registry_nodes") == 1
+        assert value(registry, "omru_registry_gpus", node="node-0") == 2
+        assert value(registry, "omru_registry_gpus_claimed", node="node-0") == 2
+
+        # every service's families are all there (the profiler has nothing measured: families, no samples)
+        for name, address in metrics.items():
+            exported = set(await asyncio.to_thread(scrape, address))
+            assert FAMILIES[name] <= exported, (name, FAMILIES[name] - exported)
+            assert "process_cpu_seconds" in exported, name
+
+        # epochs go on: the count rises while the job trains
+        await scrape_until(node, lambda f: (value(f, "omru_executor_job_epochs_done", **key) or 0) > first, 120,
+                           "a later epoch")
+        # and once it finished, its GPUs are free again and the planner's epochs reached the end
+        done = await scrape_until(node, lambda f: value(f, "omru_executor_job_state", **key, state="finished") == 1,
+                                  180, "the job finished")
+        assert value(done, "omru_executor_job_epochs_done", **key) == 12
+        assert value(done, "omru_executor_job_epoch_seconds_count", **key) == 12
+        assert value(done, "omru_executor_gpus_free", node="node-0") == 2
+        await scrape_until(metrics["planner"], lambda f: value(f, "omru_planner_jobs", state="FINISHED") == 1
+                           and value(f, "omru_planner_gpus_owned") == 0, 60, "the planner saw it finish")
+    finally:
+        await asyncio.to_thread(cluster.stop)
+
+
+async def test_the_metrics_want_the_bearer_token_when_the_service_has_one(etcd):
+    from services.common import config as cfg
+    from services.registry.server import start
+
+    running = await start(cfg.RegistryConfig(server=cfg.ServerConfig(auth_token="s3cret", metrics_port=0),
+                                             etcd=cfg.EtcdConfig(endpoint=etcd.endpoint)))
+    try:
+        address = running.metrics.address
+        refused = await asyncio.to_thread(curl, address, "-w", "%{http_code}", "-o", "/dev/null")
+        assert refused.stdout == "401"
+        wrong = await asyncio.to_thread(curl, address, "-H", "Authorization: Bearer nope", "-w", "%{http_code}")
+        assert wrong.stdout.endswith("401") and "wrong bearer token" in wrong.stdout
+        served = await asyncio.to_thread(curl, address, "-f", "-H", "Authorization: Bearer s3cret")
+        assert served.returncode == 0 and "omru_registry_nodes 0.0" in served.stdout
+    finally:
+        await running.stop(0)
+    gone = await asyncio.to_thread(curl, address, "-H", "Authorization: Bearer s3cret")
+    assert gone.returncode != 0  # stopped with the service
+
+
+@pytest.mark.parametrize("bad", ["-1", "65536", "many"])
+def test_a_bad_metrics_port_exits_2_naming_it(bad):
+    done = subprocess.run([sys.executable, "-m", "services.registry.server", "--etcd", "127.0.0.1:1",
+                           "--metrics-port", bad], capture_output=True, text=True, timeout=60, env=child_env())
+    assert done.returncode == 2
+    assert "--metrics-port" in done.stderr and bad in done.stderr, done.stderr
