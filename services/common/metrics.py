@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import socket
 import ssl
+import sys
 import threading
 from typing import Any, Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -104,9 +106,21 @@ class EtcdErrors:
         yield family
 
 
-class _Quiet(WSGIRequestHandler):
+class _Handler(WSGIRequestHandler):
+    timeout = 30.0  # seconds a client may take to send its request (and, over TLS, to handshake)
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):  # here, in the request's thread: a slow or plaintext
+            self.connection.do_handshake()  # client holds up no other scrape, nor the server's stop
+
     def log_message(self, format, *args) -> None:  # scrapes are not worth a log line each
         pass
+
+
+class _Server(ThreadingWSGIServer):
+    def handle_error(self, request, client_address) -> None:  # a failed handshake, a client gone: one line
+        log.info("metrics_request_failed", peer=str(client_address[0]), error=str(sys.exc_info()[1])[:200])
 
 
 def _authorized(app, token: str):
@@ -154,17 +168,16 @@ class MetricsServer:
         app = make_wsgi_app(self.registry)
         if self.token:
             app = _authorized(app, self.token)
-        server_class = ThreadingWSGIServer
+        server_class = _Server
         if ":" in self.host.strip("[]"):  # an IPv6 address
-            import socket
-
-            server_class = type("ThreadingWSGIServer6", (ThreadingWSGIServer,), {"address_family": socket.AF_INET6})
+            server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
         try:
-            httpd = make_server(self.host.strip("[]"), self.requested_port, app, server_class, handler_class=_Quiet)
+            httpd = make_server(self.host.strip("[]"), self.requested_port, app, server_class, handler_class=_Handler)
         except OSError as exc:
             raise OSError(f"cannot serve metrics on {self.host}:{self.requested_port}: {exc.strerror}") from exc
         if self.tls is not None:
-            httpd.socket = _ssl_context(self.tls).wrap_socket(httpd.socket, server_side=True)
+            httpd.socket = _ssl_context(self.tls).wrap_socket(httpd.socket, server_side=True,
+                                                              do_handshake_on_connect=False)
         self._httpd = httpd
         self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name=f"metrics-{self.port}", daemon=True)

@@ -17,6 +17,7 @@ from omru.v1 import planner_pb2, planner_pb2_grpc
 from services.common.channels import open_channel
 from services.common.cluster import LocalCluster, child_env
 from tests.executor.service_builders import tiny_job
+from tests.platform.platform_helpers import exported_families
 
 #: The families each service exports (the dashboard, deploy/grafana/omru.json, uses only these).
 FAMILIES = {
@@ -36,8 +37,14 @@ FAMILIES = {
 }
 
 
-def curl(address: str, *options: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["curl", "-sS", "--max-time", "10", *options, f"http://{address}/metrics"],
+def test_the_families_listed_here_are_those_the_collectors_describe():
+    described = exported_families()
+    assert {name: families for name, families in FAMILIES.items()} == {
+        name: set(described[name.partition("-")[0]]) for name in FAMILIES}
+
+
+def curl(address: str, *options: str, scheme: str = "http") -> subprocess.CompletedProcess:
+    return subprocess.run(["curl", "-sS", "--max-time", "10", *options, f"{scheme}://{address}/metrics"],
                           capture_output=True, text=True, timeout=30)
 
 
@@ -164,6 +171,35 @@ async def test_the_metrics_want_the_bearer_token_when_the_service_has_one(etcd):
         await running.stop(0)
     gone = await asyncio.to_thread(curl, address, "-H", "Authorization: Bearer s3cret")
     assert gone.returncode != 0  # stopped with the service
+
+
+async def test_with_tls_the_metrics_are_served_over_https_to_clients_the_ca_signed(etcd, tmp_path):
+    """As deployed (deploy/prometheus/prometheus.yml): mutual TLS with deploy/make-certs.sh's certificates and
+    the token; a client without a certificate of the CA, or speaking plain HTTP, is refused, and neither
+    stops the next scrape."""
+    from services.common import config as cfg
+    from services.common.cluster import REPO_ROOT
+    from services.registry.server import start
+
+    certs = tmp_path / "certs"
+    subprocess.run(["bash", str(REPO_ROOT / "deploy" / "make-certs.sh"), str(certs), "127.0.0.1"], check=True,
+                   capture_output=True, timeout=120)
+    token = (certs / "token").read_text().strip()
+    tls = cfg.TlsConfig(certs / "registry.pem", certs / "registry-key.pem", certs / "ca.pem")
+    running = await start(cfg.RegistryConfig(server=cfg.ServerConfig(tls=tls, auth_token=token, metrics_port=0),
+                                             etcd=cfg.EtcdConfig(endpoint=etcd.endpoint)))
+    try:
+        address = running.metrics.address
+        https = ("--cacert", str(certs / "ca.pem"), "-H", f"Authorization: Bearer {token}")
+        client = ("--cert", str(certs / "client.pem"), "--key", str(certs / "client-key.pem"))
+        plain = await asyncio.to_thread(curl, address, "-H", f"Authorization: Bearer {token}")
+        assert plain.returncode != 0
+        no_cert = await asyncio.to_thread(curl, address, *https, scheme="https")
+        assert no_cert.returncode != 0 or "omru_" not in no_cert.stdout, no_cert
+        served = await asyncio.to_thread(curl, address, "-f", *https, *client, scheme="https")
+        assert served.returncode == 0 and "omru_registry_nodes 0.0" in served.stdout, served.stderr
+    finally:
+        await running.stop(0)
 
 
 @pytest.mark.parametrize("bad", ["-1", "65536", "many"])
