@@ -86,12 +86,12 @@ async def test_every_service_serves_its_families_while_a_job_runs_and_they_follo
         # the planner leads, and sees the node's 2 slots, before the job comes
         await scrape_until(metrics["planner"], lambda f: value(f, "omru_planner_leader") == 1
                            and value(f, "omru_planner_gpus") == 2, 60, "planner leading over 2 GPUs")
-        job = tiny_job("metrics-job", epochs=12, min_gpus=2, max_gpus=2)
+        job = tiny_job("metrics-job", epochs=8, min_gpus=2, max_gpus=2)
         channel = open_channel(cluster.service("planner").address)
         try:
-            await planner_pb2_grpc.PlannerServiceStub(channel).SubmitJobs(planner_pb2.SubmitJobsRequest(
-                jobs=[job], profiles=[planner_pb2.JobProfile(job_id="metrics-job", epoch_seconds={1: 2.0, 2: 1.0})]),
-                timeout=10)
+            # no profile given: the profiler measures it first (trials through the planner, on the node)
+            await planner_pb2_grpc.PlannerServiceStub(channel).SubmitJobs(planner_pb2.SubmitJobsRequest(jobs=[job]),
+                                                                          timeout=10)
         finally:
             await channel.close()
 
@@ -120,7 +120,7 @@ async def test_every_service_serves_its_families_while_a_job_runs_and_they_follo
         assert value(planner, "omru_planner_queue_length") == 0
         assert value(planner, "omru_planner_gpus_owned") == 2
         assert value(planner, "omru_planner_job_world_size", job="metrics-job") == 2
-        assert value(planner, "omru_planner_job_epochs", job="metrics-job") == 12
+        assert value(planner, "omru_planner_job_epochs", job="metrics-job") == 8
         assert value(planner, "omru_planner_job_state", job="metrics-job", state="RUNNING") == 1
         assert value(planner, "omru_planner_plan_version") >= 1
 
@@ -132,7 +132,14 @@ async def test_every_service_serves_its_families_while_a_job_runs_and_they_follo
         assert value(registry, "omru_registry_gpus", node="node-0") == 2
         assert value(registry, "omru_registry_gpus_claimed", node="node-0") == 2
 
-        # every service's families are all there (the profiler has nothing measured: families, no samples)
+        # the profiler: it measured the job's profile, one trial per GPU count
+        profiler = await asyncio.to_thread(scrape, metrics["profiler"])
+        assert value(profiler, "omru_profiler_trials_total", outcome="measured") >= 1
+        assert value(profiler, "omru_profiler_trial_seconds_count") >= 1
+        assert value(profiler, "omru_profiler_profiles_total", outcome="measured") == 1
+        assert value(profiler, "omru_profiler_profile_seconds_count") == 1
+
+        # every service's families are all there
         for name, address in metrics.items():
             exported = set(await asyncio.to_thread(scrape, address))
             assert FAMILIES[name] <= exported, (name, FAMILIES[name] - exported)
@@ -144,8 +151,8 @@ async def test_every_service_serves_its_families_while_a_job_runs_and_they_follo
         # and once it finished, its GPUs are free again and the planner's epochs reached the end
         done = await scrape_until(node, lambda f: value(f, "omru_executor_job_state", **key, state="finished") == 1,
                                   180, "the job finished")
-        assert value(done, "omru_executor_job_epochs_done", **key) == 12
-        assert value(done, "omru_executor_job_epoch_seconds_count", **key) == 12
+        assert value(done, "omru_executor_job_epochs_done", **key) == 8
+        assert value(done, "omru_executor_job_epoch_seconds_count", **key) == 8
         assert value(done, "omru_executor_gpus_free", node="node-0") == 2
         await scrape_until(metrics["planner"], lambda f: value(f, "omru_planner_jobs", state="FINISHED") == 1
                            and value(f, "omru_planner_gpus_owned") == 0, 60, "the planner saw it finish")
@@ -208,3 +215,33 @@ def test_a_bad_metrics_port_exits_2_naming_it(bad):
                            "--metrics-port", bad], capture_output=True, text=True, timeout=60, env=child_env())
     assert done.returncode == 2
     assert "--metrics-port" in done.stderr and bad in done.stderr, done.stderr
+
+
+async def test_failed_etcd_calls_are_counted_by_operation_and_kind_and_a_fenced_write_too(etcd):
+    from services.common.etcd import EtcdStore, EtcdUnavailable, Fenced
+    from services.common.metrics import EtcdErrors, MetricsServer, new_registry
+
+    store = EtcdStore(etcd.endpoint, timeout=1.0)
+    await store.connect()
+    server = MetricsServer(new_registry(EtcdErrors(store))).start()
+    try:
+        await store.put("k", b"v")
+        fenced = store.fenced("leader", 12345)  # a fence key this store never created: its writes are refused
+        with pytest.raises(Fenced):
+            await fenced.put("k", b"w")
+        etcd.stop()
+        for _ in range(2):
+            with pytest.raises(EtcdUnavailable):
+                await store.get("k")
+        with pytest.raises(EtcdUnavailable):
+            await fenced.list("")  # a view's failures count in its store's errors
+        families = await asyncio.to_thread(scrape, server.address)
+        errors = families["omru_etcd_errors"]
+        assert value(families, "omru_etcd_errors_total", op="put", kind="fenced") == 1
+        gets = {labels: n for (sample, labels), n in errors.items() if sample.endswith("_total") and ("op", "get") in labels}
+        assert sum(gets.values()) == 2 and all(dict(k)["kind"] in ("unavailable", "timeout", "deadline_exceeded",
+                                                                   "connection_failed", "connection_timeout") for k in gets), gets
+        assert any(("op", "list") in labels for _, labels in errors)
+    finally:
+        server.stop()
+        await store.close()
