@@ -295,12 +295,15 @@ def wait_ready(services: Sequence[ServiceProcess], timeout: float) -> None:
 
 
 def pin_port(argv: Sequence[str], info: Mapping) -> list[str]:
-    """argv with a ``--port 0`` replaced by the port a ready line (info) reports; otherwise unchanged."""
+    """argv with a ``--port 0`` replaced by the port a ready line (info) reports, and a
+    ``--metrics-port 0`` by its metrics port; otherwise unchanged."""
     argv = list(argv)
     port = info.get("port") or str(info.get("address", "")).rpartition(":")[2]
+    metrics_port = str(info.get("metrics") or "").rpartition(":")[2]
     for i, arg in enumerate(argv[:-1]):
-        if arg == "--port" and argv[i + 1] == "0" and str(port).isdigit() and int(port) > 0:
-            argv[i + 1] = str(port)
+        for flag, bound in (("--port", port), ("--metrics-port", metrics_port)):
+            if arg == flag and argv[i + 1] == "0" and str(bound).isdigit() and int(bound) > 0:
+                argv[i + 1] = str(bound)
     return argv
 
 
@@ -461,6 +464,7 @@ class LocalCluster:
         warm_workers: bool = True,
         planner_args: Sequence[str] = (),
         checkpoint_root: Path | None = None,
+        metrics: bool = False,
     ) -> None:
         if nodes < 0:
             raise ValueError(f"nodes {nodes} is negative")
@@ -479,6 +483,7 @@ class LocalCluster:
         self.log_to_files = log_to_files
         self.warm_workers = warm_workers  # executors keep a worker with torch imported per slot
         self.planner_args = tuple(planner_args)  # more options of the planner (omru emulate's)
+        self.metrics = metrics  # every service serves Prometheus metrics on a free port (ready_line's "metrics")
         self.die_with_parent = die_with_parent  # only from a launcher's main thread (the kernel ties it to the thread)
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="omru-up-"))
@@ -493,7 +498,8 @@ class LocalCluster:
         extra = {"OMRU_AUTH_TOKEN": self.auth_token} if self.auth_token else {}
         if self.die_with_parent:
             extra[DIE_WITH_PARENT_ENV] = "1"
-        s = ServiceProcess(name, service_argv(module, "--host", self.host, *args), child_env(extra), log)
+        metrics = ("--metrics-port", "0") if self.metrics else ()
+        s = ServiceProcess(name, service_argv(module, "--host", self.host, *metrics, *args), child_env(extra), log)
         self.services.append(s)
         return s.spawn()
 
@@ -539,7 +545,7 @@ class LocalCluster:
 
     def ready_line(self) -> dict:
         """What `omru up` prints: the addresses of everything started."""
-        return {
+        line = {
             "ready": True,
             "planner": self.service("planner").address,
             "registry": self.service("registry").address,
@@ -549,6 +555,9 @@ class LocalCluster:
             "seconds_to_ready": round(self.seconds_to_ready, 3),
             "work_dir": str(self.work_dir),
         }
+        if self.metrics:  # service name ("executor-0" ...) -> host:port of its /metrics
+            line["metrics"] = {s.name: s.info["metrics"] for s in self.services if s.info.get("metrics")}
+        return line
 
     def supervisor(self, policy: RestartPolicy | None = None) -> Supervisor:
         """A Supervisor of every child started here: the services, and etcd when started here."""

@@ -105,12 +105,15 @@ class ServerConfig:
     tls: TlsConfig | None = None
     auth_token: str | None = None
     grace_seconds: float = 2.0
+    metrics_port: int | None = None  # Prometheus /metrics on this port of host (0: any free port; None: off)
 
     def __post_init__(self) -> None:
         if not self.host:
             raise ConfigError("host '' is empty")
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"port {self.port!r} is not in 0..65535")
+        if self.metrics_port is not None and (not isinstance(self.metrics_port, int) or not 0 <= self.metrics_port <= 65535):
+            raise ConfigError(f"--metrics-port {self.metrics_port!r} is not in 0..65535")
         if self.tls is not None and self.tls.cert_file is None:
             raise ConfigError("server tls needs a certificate and key (--tls-cert, --tls-key)")
         if self.auth_token is not None and (not self.auth_token or any(c.isspace() for c in self.auth_token)):
@@ -239,6 +242,9 @@ def add_server_args(parser: argparse.ArgumentParser, default_port: int = 0) -> N
     """The listening options every server takes."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=default_port, help="port (0 = any free port)")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus metrics (/metrics, HTTP; HTTPS with --tls-cert; the bearer token "
+                             "when one is set) on this port of --host (0 = any free port; default: none)")
     add_tls_args(parser, "serve TLS", "require client certificates it signed and verify the services this "
                  "one calls (mutual TLS; they are called with --tls-cert)")
     parser.add_argument(
@@ -290,7 +296,8 @@ def read_token(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
 def server_config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> ServerConfig:
     """ServerConfig from add_server_args options and the environment."""
     tls = tls_config(args.tls_cert, args.tls_key, args.tls_ca)
-    return ServerConfig(host=args.host, port=args.port, tls=tls, auth_token=read_token(args, env))
+    return ServerConfig(host=args.host, port=args.port, tls=tls, auth_token=read_token(args, env),
+                        metrics_port=getattr(args, "metrics_port", None))
 
 
 def etcd_config_from_args(args: argparse.Namespace) -> EtcdConfig:

@@ -19,10 +19,11 @@ cannot write: its writes raise `Fenced`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import copy
 from dataclasses import dataclass
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator, Mapping, Sequence
 
 import aetcd
 import grpc
@@ -139,6 +140,8 @@ class EtcdStore:
             self._client = aetcd.Client(**options)
         else:
             self._client = _TlsClient(channel_credentials(tls), **options)
+        #: (operation, error kind) -> failed calls (views from `fenced` share it); services/common/metrics.py
+        self.errors: collections.Counter[tuple[str, str]] = collections.Counter()
         self._fence: tuple[bytes, int] | None = None  # (key, its create revision) every write requires
         self._keepalives: _KeepAlives | None = None
 
@@ -157,7 +160,7 @@ class EtcdStore:
 
     async def connect(self) -> None:
         """Open the channel (etcd need not be up yet)."""
-        with self._errors("connect"):
+        with self._errors("connect", "connect"):
             await self._client.connect()
 
     async def close(self) -> None:
@@ -190,7 +193,7 @@ class EtcdStore:
 
     async def get(self, key: str) -> Kv | None:
         """The key, or None."""
-        with self._errors(f"get {key}"):
+        with self._errors("get", f"get {key}"):
             result = await self._client.get(self._key(key))
         return None if result is None else self._kv(result)
 
@@ -204,7 +207,7 @@ class EtcdStore:
         end = prefix_range_end(full)
         out: list[Kv] = []
         start, revision = full, 0
-        with self._errors(f"list {prefix}"):
+        with self._errors("list", f"list {prefix}"):
             await self._client.connect()
             while True:
                 request = rpc.RangeRequest(key=start, range_end=end, sort_order=rpc.RangeRequest.ASCEND,
@@ -218,7 +221,7 @@ class EtcdStore:
 
     async def revision(self) -> int:
         """The current revision of the store."""
-        with self._errors("revision"):
+        with self._errors("revision", "revision"):
             await self._client.connect()
             response = await self._client.kvstub.Range(rpc.RangeRequest(key=self._key(""), count_only=True), timeout=self.timeout)
         return response.header.revision
@@ -226,7 +229,7 @@ class EtcdStore:
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:
         """Write the key unconditionally (but for the fence); returns the revision."""
         put = rpc.RequestOp(request_put=rpc.PutRequest(key=self._key(key), value=value, lease=lease))
-        return (await self._txn([], [put], [], f"put {key}")).header.revision
+        return (await self._txn([], [put], [], f"put {key}", "put")).header.revision
 
     async def create(self, items: Mapping[str, bytes], lease: int | Mapping[str, int] = 0) -> TxnResult:
         """Create every key, all or nothing: fails (writing nothing) when any exists.
@@ -250,7 +253,8 @@ class EtcdStore:
         failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=self._key(k))) for k in absent]
         keys = [*puts, *deletes]
         response = await self._txn(compare, success, failure,
-                                   f"write {keys[0] if keys else ''}" + (f" and {len(keys) - 1} more keys" if len(keys) > 1 else ""))
+                                   f"write {keys[0] if keys else ''}" + (f" and {len(keys) - 1} more keys" if len(keys) > 1 else ""),
+                                   "commit")
         if response.succeeded:
             return TxnResult(True, response.header.revision)
         existing = tuple(self._kv(kv) for op in response.responses for kv in op.response_range.kvs)
@@ -267,7 +271,7 @@ class EtcdStore:
         success = [rpc.RequestOp(request_put=rpc.PutRequest(key=self._key(k), value=v, lease=lease))
                    for k, (v, lease) in {key: (value, lease), **also}.items()]
         failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=full))]
-        response = await self._txn(compare, success, failure, f"cas {key}")
+        response = await self._txn(compare, success, failure, f"cas {key}", "cas")
         if response.succeeded:
             return TxnResult(True, response.header.revision)
         return TxnResult(False, response.header.revision, tuple(self._kv(kv) for kv in response.responses[0].response_range.kvs))
@@ -283,22 +287,23 @@ class EtcdStore:
         else:
             compare.append(rpc.Compare(result=rpc.Compare.GREATER, target=rpc.Compare.CREATE, key=full, create_revision=0))
         success = [rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=full))]
-        response = await self._txn(compare, success, [], f"delete {key}")
+        response = await self._txn(compare, success, [], f"delete {key}", "delete")
         return TxnResult(response.succeeded, response.header.revision)
 
-    async def _txn(self, compare, success, failure, what: str):
+    async def _txn(self, compare, success, failure, what: str, op: str):
         if self._fence is not None:
             key, revision = self._fence
             compare = [rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key,
                                    create_revision=revision), *compare]
             failure = [*failure, rpc.RequestOp(request_range=rpc.RangeRequest(key=key))]
         request = rpc.TxnRequest(compare=compare, success=success, failure=failure)
-        with self._errors(what):
+        with self._errors(op, what):
             await self._client.connect()
             response = await self._client.kvstub.Txn(request, timeout=self.timeout)
         if self._fence is not None and not response.succeeded:
             held = response.responses[-1].response_range.kvs
             if not held or held[0].create_revision != self._fence[1]:
+                self.errors[op, "fenced"] += 1
                 raise Fenced(f"{what}: refused, {self._fence[0].decode()} is no longer this leader's")
             del response.responses[-1]
         return response
@@ -307,7 +312,7 @@ class EtcdStore:
 
     async def grant_lease(self, ttl_seconds: int) -> int:
         """A new lease of ttl_seconds; returns its id."""
-        with self._errors("grant lease"):
+        with self._errors("grant_lease", "grant lease"):
             lease = await self._client.lease(ttl_seconds)
         return lease.id
 
@@ -316,7 +321,7 @@ class EtcdStore:
 
         Every refresh goes over one LeaseKeepAlive stream (`_KeepAlives`), as etcd's own client keeps
         one for all its leases: a registry keeping hundreds of nodes alive opens no stream per refresh."""
-        with self._errors(f"refresh lease {lease_id}"):
+        with self._errors("refresh_lease", f"refresh lease {lease_id}"):
             await self._client.connect()
             if self._keepalives is None:
                 self._keepalives = _KeepAlives(self._client)
@@ -325,7 +330,7 @@ class EtcdStore:
     async def revoke_lease(self, lease_id: int) -> bool:
         """Revoke the lease (its keys vanish); False when it was already gone."""
         try:
-            with self._errors(f"revoke lease {lease_id}"):
+            with self._errors("revoke_lease", f"revoke lease {lease_id}"):
                 await self._client.revoke_lease(lease_id)
         except LeaseNotFound:
             return False
@@ -346,7 +351,7 @@ class EtcdStore:
         while True:
             queue: asyncio.Queue = asyncio.Queue()
             try:
-                with self._errors("connect"):
+                with self._errors("watch", "connect"):
                     await self._client.connect()
                 # The raw callback sees each etcd response's events together,
                 # so a revision is never split across batches.
@@ -371,6 +376,8 @@ class EtcdStore:
                 last = revision
                 yield Resync(revision, tuple(kvs))
             except (aetcd_errors.ClientError, grpc.RpcError, EtcdUnavailable, asyncio.TimeoutError) as exc:
+                if not isinstance(exc, EtcdUnavailable):  # (counted where it was raised)
+                    self.errors["watch", error_kind(exc)] += 1
                 log.warning("watch_broken", prefix=prefix, after_revision=last, error=_brief(exc))
                 await asyncio.sleep(backoff)
                 backoff = min(1.0, backoff * 2)
@@ -404,16 +411,21 @@ class EtcdStore:
     # --- errors ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _errors(self, what: str):
+    def _errors(self, op: str, what: str):
+        """etcd's failures as EtcdUnavailable or LeaseNotFound (what: for the message), each counted in
+        `errors` by op and kind."""
         try:
             yield
         except aetcd_errors.RevisionCompactedError:
             raise
         except (aetcd_errors.ConnectionFailedError, aetcd_errors.ConnectionTimeoutError, asyncio.TimeoutError) as exc:
+            self.errors[op, error_kind(exc)] += 1
             raise EtcdUnavailable(f"etcd at {self.endpoint} unavailable ({what}): {exc or type(exc).__name__}") from exc
         except grpc.aio.AioRpcError as exc:
+            self.errors[op, error_kind(exc)] += 1
             raise self._from_status(exc.code(), exc.details(), what) from exc
         except aetcd_errors.ClientError as exc:
+            self.errors[op, error_kind(exc)] += 1
             cause = exc.__cause__
             if isinstance(cause, grpc.aio.AioRpcError):
                 raise self._from_status(cause.code(), cause.details(), what) from exc
@@ -477,6 +489,24 @@ class _KeepAlives:
         if self._reader is not None:
             self._reader.cancel()
             self._reader = None
+
+
+def error_kind(exc: BaseException) -> str:
+    """The kind of a failed etcd call, for the error counts: "timeout", "connection_failed", a gRPC
+    status code in lower case ("unavailable", "deadline_exceeded", "not_found" ...), "lease_not_found"."""
+    if isinstance(exc, aetcd_errors.ClientError) and isinstance(exc.__cause__, grpc.aio.AioRpcError):
+        exc = exc.__cause__
+    if isinstance(exc, grpc.aio.AioRpcError):
+        if exc.code() == grpc.StatusCode.NOT_FOUND and "lease" in (exc.details() or ""):
+            return "lease_not_found"
+        return exc.code().name.lower()
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timeout"
+    if isinstance(exc, aetcd_errors.ConnectionFailedError):
+        return "connection_failed"
+    if isinstance(exc, aetcd_errors.ConnectionTimeoutError):
+        return "connection_timeout"
+    return "client_error" if isinstance(exc, aetcd_errors.ClientError) else type(exc).__name__.lower()
 
 
 def _brief(exc: BaseException) -> str:

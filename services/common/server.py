@@ -101,6 +101,7 @@ class RunningServer:
     service_names: tuple[str, ...]
     grace_seconds: float
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    metrics: Any = None  # its MetricsServer (services/common/metrics.py), when it serves metrics
 
     @property
     def address(self) -> str:
@@ -156,6 +157,8 @@ async def serve_forever(running: RunningServer, service: str, **ready_info: Any)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if running.metrics is not None:
+        ready_info = {**ready_info, "metrics": running.metrics.address}
     print_ready(service=service, address=running.address, port=running.port, **ready_info)
     waiter = asyncio.ensure_future(running.server.wait_for_termination())
     stopper = asyncio.ensure_future(stop.wait())

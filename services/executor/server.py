@@ -68,7 +68,17 @@ async def start(config: cfg.ExecutorConfig, servicer=None, runtime=None,
         running.on_stop.append(supervisor.close)
     running.on_stop.append(membership.stop)
     running.on_stop.append(channel.close)
+    await _start_metrics(running, config, supervisor)
     return running, membership
+
+
+async def _start_metrics(running: RunningServer, config: cfg.ExecutorConfig, supervisor) -> None:
+    """The node's metrics (services/executor/metrics.py) when config.server asks for them."""
+    from services.common.metrics import LoopBridge, start_metrics
+    from services.executor.metrics import ExecutorCollector
+
+    collector = ExecutorCollector(config.node_id, supervisor, LoopBridge()) if supervisor is not None else None
+    await start_metrics(running, config.server, collector)
 
 
 async def serve(config: cfg.ExecutorConfig) -> None:

@@ -60,6 +60,7 @@ from services.planner import state as st
 from services.planner import problem as planning
 from services.planner.follow import Live, Move, Step, blockers, follow, late
 from services.planner.learn import observe, settled, timing
+from services.planner.metrics import PlannerMeter
 from services.planner.report import Event
 from services.planner.state import JobRecord, PlannerState
 from services.planner.trials import TRIAL_TIMEOUT_S, Trials
@@ -164,6 +165,7 @@ class Dispatcher:
         self.policy_in_force = self.default_policy
         self._pools: dict[bool, object] = {}  # background? -> the child process large problems plan in
         self.trials = Trials(self, trial_timeout_s)  # profiling trials: allocations the planner writes too
+        self.meter = PlannerMeter()  # what is counted as it happens (services/planner/metrics.py)
 
     # lifecycle ----------------------------------------------------------------
 
@@ -645,6 +647,7 @@ class Dispatcher:
 
     async def reconcile(self) -> None:
         """Replan: what waits and what runs (as committed history) go to the core; the new plan is followed."""
+        self.meter.reconciled()
         async with self._lock:
             gpus = self.live_gpus()
             for r in [r for r in self.records.values() if r.state == st.PENDING]:
@@ -785,6 +788,7 @@ class Dispatcher:
             log.error("planning_failed", error=str(exc))
             return None
         wall = time.monotonic() - began
+        self.meter.planned(wall)
         seconds = wall * self.time_scale  # in job seconds
         log.info("planned", policy=name, jobs=len(problem.jobs), running=len(committed), plan_s=round(wall, 4),
                  makespan_s=round(result.makespan_s, 1), kept=kept)

@@ -43,8 +43,16 @@ async def start(config: cfg.PlannerConfig, servicer=None) -> RunningServer:
     service = Service(planner_pb2_grpc.add_PlannerServiceServicer_to_server, servicer, service_name(planner_pb2, "PlannerService"))
     running = await start_server(config.server, [service])
     if dispatcher is not None:
+        dispatcher.state.meter = dispatcher.meter
         task = asyncio.get_running_loop().create_task(lead(etcd, dispatcher, config, running.address))
         running.on_stop.extend([lambda: _cancel(task), dispatcher.stop, etcd.close])
+        from services.common.metrics import EtcdErrors, LoopBridge, start_metrics
+
+        await start_metrics(running, config.server, dispatcher.meter.bind(dispatcher, LoopBridge()), EtcdErrors(etcd))
+    else:
+        from services.common.metrics import start_metrics
+
+        await start_metrics(running, config.server)
     return running
 
 
@@ -65,7 +73,7 @@ async def lead(etcd, dispatcher, config: cfg.PlannerConfig, address: str) -> Non
     try:
         while True:
             revision = await election.campaign()
-            dispatcher.state = PlannerState(etcd.fenced(LEADER, revision))
+            dispatcher.state = PlannerState(etcd.fenced(LEADER, revision), dispatcher.meter)
             await dispatcher.start()
             lost = asyncio.ensure_future(election.lost.wait())
             deposed = asyncio.ensure_future(dispatcher.deposed.wait())

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from typing import Callable, Mapping, Sequence
 
-from services.common.etcd import EtcdStore, TxnResult
+from services.common.etcd import EtcdStore, LeaseNotFound, TxnResult
 from services.planner.report import Event
 
 JOBS, SPECS, PLAN, FIRST_PLAN, ORIGIN, EVENTS, CURSORS, LEADER = (
@@ -160,8 +160,9 @@ class StateRace(Exception):
 class PlannerState:
     """Typed reads and writes of the planner's keys."""
 
-    def __init__(self, store: EtcdStore) -> None:
+    def __init__(self, store: EtcdStore, meter=None) -> None:
         self.store = store
+        self.meter = meter  # times the claim transactions (`change`): services/planner/metrics.py PlannerMeter
         self._specs: dict[str, JobRecord] = {}  # job -> a record whose spec fields are the ones stored
 
     # --- jobs ---------------------------------------------------------------
@@ -253,7 +254,16 @@ class PlannerState:
         if record is not None:
             puts.update(self._puts(record))
         deletes = [keys.alloc_key(node, job_id) for node in drop] + [keys.claim_key(*g) for g in release]
-        result = await self.store.commit(puts, deletes, absent=[keys.claim_key(*g) for g in claim])
+        began, outcome = time.monotonic(), "error"
+        try:
+            result = await self.store.commit(puts, deletes, absent=[keys.claim_key(*g) for g in claim])
+            outcome = "claimed" if result.succeeded else "taken"
+        except LeaseNotFound:
+            outcome = "lease_gone"
+            raise
+        finally:
+            if claim and self.meter is not None:
+                self.meter.claimed(time.monotonic() - began, outcome)
         if result.succeeded and record is not None:
             self._stored(record)
         return result

@@ -8,6 +8,7 @@ from omru.v1 import profiler_pb2, profiler_pb2_grpc
 from services.common import config as cfg
 from services.common.server import RunningServer, Service, run_main, serve_forever, service_name, start_server
 from services.common.etcd import EtcdStore
+from services.common.metrics import EtcdErrors, start_metrics
 from services.profiler.servicer import ProfilerServicer
 from services.profiler.store import ProfileStore
 from services.profiler.trials import PlannerTrials
@@ -26,6 +27,7 @@ async def start(config: cfg.ProfilerConfig, servicer=None) -> RunningServer:
     service = Service(profiler_pb2_grpc.add_ProfilerServiceServicer_to_server, servicer, service_name(profiler_pb2, "ProfilerService"))
     running = await start_server(config.server, [service])
     running.on_stop.extend(hooks)
+    await start_metrics(running, config.server, getattr(servicer, "meter", None), *([EtcdErrors(etcd)] if hooks else []))
     return running
 
 

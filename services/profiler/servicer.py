@@ -27,6 +27,7 @@ from omru.v1 import profiler_pb2, profiler_pb2_grpc
 from services.common.errors import abort, abort_invalid, grpc_errors
 from services.common.logging import get_logger
 from services.profiler import convert, fit
+from services.profiler.metrics import ProfilerMeter
 from services.profiler.store import ProfileStore, StoredPoint, StoredProfile
 from services.profiler.trials import PlannerTrials, TrialFailed
 from services.registry import validation
@@ -42,6 +43,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
         self.store = store
         self.trials = trials
         self._locks: collections.defaultdict = collections.defaultdict(asyncio.Lock)
+        self.meter = ProfilerMeter()  # trials and profiles as they happen (metrics.py)
 
     async def _job(self, request, context):
         if not request.HasField("job"):
@@ -79,10 +81,12 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
             missing = [g for g in counts if g not in have]
             if not missing and stored is not None and len(stored.points) >= top:
                 log.info("profile_cached", job_id=job.job_id, key=key.path())
+                self.meter.profiles.labels("cached").inc()
                 yield convert.progress(job.job_id, S.PROFILE_STATE_DONE, top, message="served from the store",
                                        profile=convert.profile(stored), cached=True)
                 return
             measured = dict(have)
+            began = time.monotonic()
             for g in missing:
                 yield convert.progress(job.job_id, S.PROFILE_STATE_MEASURING, g)
                 try:
@@ -93,12 +97,15 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
                             measured[g] = item
                 except TrialFailed as exc:
                     log.warning("profile_failed", job_id=job.job_id, gpus=g, error=str(exc))
+                    self.meter.profiles.labels("failed").inc()
                     yield convert.progress(job.job_id, S.PROFILE_STATE_FAILED, g, message=str(exc))
                     return
                 yield convert.progress(job.job_id, S.PROFILE_STATE_MEASURED, g,
                                        epoch_seconds=measured[g].epoch_seconds, measured=True)
             profile = _profile(key, measured, top, lambda g: shape.nodes_for(g, kind))
             await self.store.put(profile)
+            self.meter.profiles.labels("measured").inc()
+            self.meter.profile_seconds.observe(time.monotonic() - began)
             log.info("profile_stored", job_id=job.job_id, key=key.path(), measured=sorted(measured), fit_error=profile.fit_error)
             yield convert.progress(job.job_id, S.PROFILE_STATE_DONE, top, profile=convert.profile(profile))
 
@@ -106,6 +113,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
         """Yields wait messages while the trial waits for GPUs, then its StoredPoint."""
         waits: asyncio.Queue = asyncio.Queue()
         task = asyncio.ensure_future(self.trials.run(job, gpus, kind, full_epoch, waits.put_nowait))
+        began, outcome = time.monotonic(), "failed"
         try:
             while not task.done():
                 getter = asyncio.ensure_future(waits.get())
@@ -115,8 +123,12 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
                 else:
                     getter.cancel()
             r = task.result()
+            outcome = "measured"
         finally:
             task.cancel()
+            if task.done() and not task.cancelled():  # (a trial whose request went away is not counted)
+                self.meter.trials.labels(outcome).inc()
+                self.meter.trial_seconds.observe(time.monotonic() - began)
         seconds = r.epoch_seconds if full_epoch else fit.epoch_seconds(r.iter_seconds, r.steps)
         yield StoredPoint(gpus=gpus, nodes=r.nodes, epoch_seconds=seconds, measured=True, iter_seconds=r.iter_seconds, steps=r.steps)
 

@@ -7,6 +7,7 @@ import argparse
 from omru.v1 import registry_pb2, registry_pb2_grpc
 from services.common import config as cfg
 from services.common.etcd import EtcdStore
+from services.common.metrics import EtcdErrors, LoopBridge, start_metrics
 from services.common.server import RunningServer, Service, run_main, serve_forever, service_name, start_server
 from services.registry.servicer import RegistryServicer
 from services.registry.store import RegistryStore
@@ -20,6 +21,7 @@ async def start(config: cfg.RegistryConfig) -> RunningServer:
     service = Service(registry_pb2_grpc.add_RegistryServiceServicer_to_server, servicer, service_name(registry_pb2, "RegistryService"))
     running = await start_server(config.server, [service])
     running.on_stop.append(etcd.close)
+    await start_metrics(running, config.server, servicer.meter.bind(servicer.store, LoopBridge()), EtcdErrors(etcd))
     return running
 
 

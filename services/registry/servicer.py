@@ -15,6 +15,7 @@ import grpc
 from omru.v1 import registry_pb2, registry_pb2_grpc
 from services.common.errors import abort, abort_invalid, grpc_errors
 from services.registry import validation as v
+from services.registry.metrics import RegistryMeter
 from services.registry.store import RegistryError, RegistryStore
 
 _CODES = {
@@ -51,6 +52,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     def __init__(self, store: RegistryStore, max_ttl_seconds: int = 3600) -> None:
         self.store = store
         self.max_ttl = max_ttl_seconds
+        self.meter = RegistryMeter()  # renewals, registrations, claims as they happen (metrics.py)
 
     @_registry_errors
     async def RegisterNode(self, request, context):
@@ -64,7 +66,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
             v.gpu_infos_problem("gpus", request.gpus),
             ttl_problem,
         )
-        node = await self.store.register_node(request.node_id, request.address, list(request.gpus), request.ttl_seconds)
+        with self.meter.registration():
+            node = await self.store.register_node(request.node_id, request.address, list(request.gpus), request.ttl_seconds)
         return registry_pb2.RegisterNodeResponse(lease_id=node.lease_id, node=node)
 
     @_registry_errors
@@ -74,7 +77,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
             v.id_problem("node_id", request.node_id),
             ("lease_id", "is required") if request.lease_id <= 0 else None,
         )
-        ttl = await self.store.keep_alive(request.node_id, request.lease_id)
+        with self.meter.renewal():
+            ttl = await self.store.keep_alive(request.node_id, request.lease_id)
         return registry_pb2.KeepAliveNodeResponse(ttl_seconds=ttl)
 
     @_registry_errors
@@ -95,7 +99,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     @_registry_errors
     async def ClaimGpus(self, request, context):
         await _check(context, v.id_problem("job_id", request.job_id), v.gpu_refs_problem("gpus", request.gpus))
-        claims, revision = await self.store.claim(request.job_id, list(request.gpus))
+        with self.meter.claim():
+            claims, revision = await self.store.claim(request.job_id, list(request.gpus))
         return registry_pb2.ClaimGpusResponse(claims=claims, revision=revision)
 
     @_registry_errors

@@ -92,3 +92,28 @@ def descendants(pid: int) -> dict[int, str]:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return {p: c for p in found if (c := cmdline(p))}
+
+
+def exported_families() -> dict[str, dict[str, str]]:
+    """service -> {family name: type} of the omru_* families its collectors describe (what its /metrics
+    serves, but the process_* families), read from the collectors themselves (no service runs)."""
+    from services.common.metrics import EtcdErrors
+    from services.executor.metrics import ExecutorCollector
+    from services.planner.metrics import PlannerMeter
+    from services.profiler.metrics import ProfilerMeter
+    from services.registry.metrics import RegistryMeter
+
+    collectors = {
+        "planner": [PlannerMeter().bind(None, None), EtcdErrors(None)],
+        "registry": [RegistryMeter().bind(None, None), EtcdErrors(None)],
+        "profiler": [ProfilerMeter(), EtcdErrors(None)],
+        "executor": [ExecutorCollector("node", None, None)],
+    }
+    return {service: {f.name: f.type for c in cs for f in c.describe()} for service, cs in collectors.items()}
+
+
+def sample_names(name: str, kind: str) -> set[str]:
+    """The names of the samples a family of that type exposes (what a PromQL query may name)."""
+    return {"counter": {f"{name}_total", f"{name}_created"}, "gauge": {name},
+            "histogram": {f"{name}_bucket", f"{name}_count", f"{name}_sum", f"{name}_created"},
+            "summary": {name, f"{name}_count", f"{name}_sum", f"{name}_created"}}[kind]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from platform_helpers import exported_families, sample_names
 from services.common.cluster import REPO_ROOT, child_env
 
 DEPLOY = REPO_ROOT / "deploy"
@@ -223,3 +224,57 @@ def test_etcds_volume_is_mounted_where_it_keeps_its_data():
         etcd = compose(path)["services"]["etcd"]
         data = re.search(r"--data-dir (\S+)", command(etcd)).group(1)
         assert data == "/var/lib/omru/etcd" and mounts(etcd)[data] == "etcd-data", (path.name, mounts(etcd))
+
+
+# --- metrics: the Grafana dashboard and the Prometheus scrape configuration ---------------------------
+
+DASHBOARD = DEPLOY / "grafana" / "omru.json"
+PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
+
+
+def dashboard_queries() -> list[str]:
+    """The PromQL expression of every panel target of the dashboard (rows' panels too)."""
+    import json
+
+    def panels(items):
+        for panel in items:
+            yield panel
+            yield from panels(panel.get("panels", []))
+
+    return [t["expr"] for p in panels(json.loads(DASHBOARD.read_text())["panels"]) for t in p.get("targets", [])]
+
+
+def test_every_metric_the_dashboard_queries_is_one_a_service_exports():
+    exported = {name for families in exported_families().values() for family, kind in families.items()
+                for name in sample_names(family, kind)}
+    queries = dashboard_queries()
+    assert len(queries) >= 10
+    named = {m for q in queries for m in re.findall(r"\b(omru_[a-z_]+)", q)}
+    assert named and not named - exported, sorted(named - exported)
+    # and the dashboard shows what operators look for: jobs, GPUs, the planner, the registry, etcd
+    families = {re.sub(r"_(total|bucket|count|sum)$", "", m) for m in named}
+    assert {"omru_executor_job_epoch_seconds", "omru_executor_job_epochs_done", "omru_planner_job_world_size",
+            "omru_executor_gpus_held", "omru_executor_gpus_free", "omru_planner_reconciles", "omru_planner_plan_seconds",
+            "omru_planner_queue_length", "omru_registry_lease_renewals", "omru_planner_claim_seconds",
+            "omru_etcd_errors"} <= families, families
+
+
+def test_every_service_of_the_compose_files_serves_metrics_where_prometheus_scrapes_them():
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    scraped = {}
+    for job in config["scrape_configs"]:
+        assert job["scheme"] == "https" and "credentials_file" in job["authorization"], job  # as the services serve
+        assert {"ca_file", "cert_file", "key_file"} <= set(job["tls_config"]), job  # mutual TLS
+        for group in job["static_configs"]:
+            for target in group["targets"]:
+                scraped.setdefault(group["labels"]["service"], set()).add(int(target.rpartition(":")[2]))
+    served = {}
+    for path in (DEPLOY / "head.compose.yml", DEPLOY / "gpu-node.compose.yml"):
+        for name, service in compose(path)["services"].items():
+            if "services." in command(service):
+                port = re.search(r"--metrics-port (\d+)", command(service))
+                assert port, (path.name, name)
+                served[name] = {int(port.group(1))}
+    assert served == scraped and set(served) == {"planner", "registry", "profiler", "executor"}, (served, scraped)
+    ports = [p for ps in served.values() for p in ps]
+    assert len(set(ports)) == len(ports)  # on one host, each its own

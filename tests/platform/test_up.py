@@ -75,6 +75,30 @@ def test_omru_up_prints_one_ready_line_with_every_address(omru_up):
     assert len(children) >= 6  # etcd, registry, profiler, planner, 2 executors
 
 
+def test_omru_up_reports_the_metrics_address_of_every_service_and_each_answers(omru_up):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, ready, _ = omru_up
+    metrics = ready["metrics"]
+    assert set(metrics) == {"registry", "profiler", "planner", "executor-0", "executor-1"}, metrics
+    grpc_addresses = {ready["planner"], ready["registry"], ready["profiler"], *ready["executors"], ready["etcd"]}
+    assert len(set(metrics.values())) == 5 and not set(metrics.values()) & grpc_addresses
+    own = {"registry": "omru_registry_nodes", "profiler": "omru_profiler_trials", "planner": "omru_planner_jobs",
+           "executor-0": "omru_executor_gpus", "executor-1": "omru_executor_gpus"}
+    for name, address in metrics.items():
+        assert address.startswith("127.0.0.1:")
+        done = subprocess.run(["curl", "-sSf", "--max-time", "10", f"http://{address}/metrics"], capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 0, (name, done.stderr)
+        families = {f.name: f for f in text_string_to_metric_families(done.stdout)}
+        assert own[name] in families, (name, sorted(families))
+        if name.startswith("executor-"):
+            node = f"node-{name[-1]}"
+            assert [(s.labels, s.value) for s in families["omru_executor_gpus"].samples] == [({"node": node}, 2.0)]
+        if name != "executor-0" and name != "executor-1":
+            assert "omru_etcd_errors" in families, name
+
+
 def test_grpcurl_lists_describes_and_calls_the_services_of_omru_up(omru_up):
     _, ready, _ = omru_up
     expect = {

@@ -59,6 +59,13 @@ def test_pin_port_replaces_port_zero_with_the_port_of_the_ready_line():
     assert pin_port(fixed, {"address": "127.0.0.1:50051"}) == fixed
 
 
+def test_pin_port_keeps_the_metrics_port_a_restarted_child_had():
+    argv = ["python", "-m", "services.registry.server", "--metrics-port", "0", "--port", "0"]
+    info = {"address": "127.0.0.1:50123", "port": 50123, "metrics": "127.0.0.1:9311"}
+    assert pin_port(argv, info) == [*argv[:3], "--metrics-port", "9311", "--port", "50123"]
+    assert pin_port(argv, {"address": "127.0.0.1:50123"})[4] == "0"  # no metrics in the ready line: unchanged
+
+
 def test_supervisor_backs_off_doubling_between_restarts(tmp_path):
     s = _fake(tmp_path, "flaky", DIES).spawn()
     supervisor = Supervisor({"flaky": s}, RestartPolicy(), ready_timeout=30)
@@ -229,7 +236,9 @@ def test_omru_up_restarts_a_killed_planner_on_its_port_and_keeps_the_cluster(up)
     new = _pid_of(u.proc.pid, "planner")
     assert new == restarted["pid"] != planner
     port = ready["planner"].rpartition(":")[2]
-    assert cmdline(new) == old_argv.replace("--port 0 ", f"--port {port} "), "same argv, port pinned"
+    metrics_port = ready["metrics"]["planner"].rpartition(":")[2]
+    assert cmdline(new) == old_argv.replace("--port 0 ", f"--port {port} ").replace(
+        "--metrics-port 0 ", f"--metrics-port {metrics_port} "), "same argv, ports pinned (its metrics' too)"
 
     assert _serving(ready["planner"]) == "SERVING"  # answers again on the same address
     assert u.proc.poll() is None, "omru up stopped"

@@ -13,7 +13,7 @@ def register(subparsers) -> None:
         help="start a local cluster and run it until Ctrl-C",
         description=(
             "Start etcd (unless --etcd), the registry, profiler, planner and N executors, each on its own "
-            "loopback port; print one JSON line with their addresses; restart a child that exits (same port, "
+            "loopback port (and its Prometheus metrics on another); print one JSON line with their addresses; restart a child that exits (same port, "
             "backoff 0.5 s doubling to 8 s, one JSON line per restart), giving up and stopping everything "
             "(exit status 1) past --max-restarts within 60 s; stop everything on SIGINT/SIGTERM."
         ),
@@ -28,6 +28,9 @@ def register(subparsers) -> None:
     parser.add_argument("--max-restarts", type=int, default=5,
                         help="restarts of one child within 60 s before giving up and stopping the cluster "
                              "(default 5; 0: stop at the first exit)")
+    parser.add_argument("--no-metrics", action="store_true",
+                        help="serve no Prometheus metrics (default: every service serves /metrics on a free port "
+                             "of 127.0.0.1, named in the ready line's \"metrics\")")
     parser.add_argument("--work-dir", default=None, help="directory for logs, etcd data and checkpoints (default: a temp dir, removed at exit)")
     parser.set_defaults(func=handle)
 
@@ -80,6 +83,7 @@ def handle(args: argparse.Namespace) -> int:
         auth_token=os.environ.get("OMRU_AUTH_TOKEN") or None,
         die_with_parent=True,
         warm_workers=not args.no_warm_workers,
+        metrics=not args.no_metrics,
     )
     try:
         cluster.start()

@@ -1,0 +1,125 @@
+"""The registry's Prometheus metrics (served by services/common/metrics.py).
+
+`RegistryMeter` counts, as they happen, the lease renewals (KeepAliveNode calls) and registrations
+by outcome, and times the GPU claims the registry makes (ClaimGpus: an executor claiming for a
+directive sent by call); bound to the store, it also reports, read from etcd when scraped, the live
+nodes, their GPUs and the GPUs claimed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterable
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from services.common.etcd import EtcdUnavailable
+from services.common.metrics import LoopBridge, LoopCollector
+
+CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def _outcome(exc: BaseException | None) -> str:
+    from services.registry.store import RegistryError
+
+    if exc is None:
+        return "ok"
+    if isinstance(exc, RegistryError):
+        return exc.kind  # not_found (lease or node gone: the node must register again), failed_precondition ...
+    return "unavailable" if isinstance(exc, EtcdUnavailable) else "error"
+
+
+class RegistryMeter:
+    """Counters and histograms of the registry's calls; with `bind`, a collector of the cluster too."""
+
+    def __init__(self) -> None:
+        self.renewals = Counter("omru_registry_lease_renewals",
+                                "Node lease renewals (KeepAliveNode calls), by outcome (ok; not_found: the node "
+                                "must register again; unavailable: etcd; error)", ["outcome"], registry=None)
+        self.registrations = Counter("omru_registry_registrations", "Node registrations (RegisterNode calls), by outcome",
+                                     ["outcome"], registry=None)
+        self.claim_seconds = Histogram("omru_registry_claim_seconds",
+                                       "Seconds of the GPU claims made through the registry (ClaimGpus), by outcome",
+                                       ["outcome"], buckets=CLAIM_BUCKETS, registry=None)
+        self._cluster: _Cluster | None = None
+
+    @contextlib.contextmanager
+    def renewal(self):
+        with self._count(self.renewals):
+            yield
+
+    @contextlib.contextmanager
+    def registration(self):
+        with self._count(self.registrations):
+            yield
+
+    @contextlib.contextmanager
+    def claim(self):
+        began, outcome = time.monotonic(), "error"
+        try:
+            yield
+            outcome = "ok"
+        except BaseException as exc:
+            outcome = _outcome(exc)
+            raise
+        finally:
+            self.claim_seconds.labels(outcome).observe(time.monotonic() - began)
+
+    @contextlib.contextmanager
+    def _count(self, counter: Counter):
+        outcome = "error"
+        try:
+            yield
+            outcome = "ok"
+        except BaseException as exc:
+            outcome = _outcome(exc)
+            raise
+        finally:
+            counter.labels(outcome).inc()
+
+    def bind(self, store, bridge: LoopBridge) -> "RegistryMeter":
+        """Report the nodes and claims of the RegistryStore too (read from etcd on its loop when scraped)."""
+        self._cluster = _Cluster(store, bridge)
+        return self
+
+    def describe(self) -> Iterable:
+        for metric in (self.renewals, self.registrations, self.claim_seconds):
+            yield from metric.describe()
+        if self._cluster is not None:
+            yield from self._cluster.describe()
+
+    def collect(self) -> Iterable:
+        for metric in (self.renewals, self.registrations, self.claim_seconds):
+            yield from metric.collect()
+        if self._cluster is not None:
+            yield from self._cluster.collect()
+
+
+class _Cluster(LoopCollector):
+    name = "registry"
+
+    def __init__(self, store, bridge: LoopBridge) -> None:
+        super().__init__(bridge)
+        self.store = store
+
+    async def read(self) -> dict:
+        nodes, _ = await self.store.list_nodes()
+        claims, _ = await self.store.list_claims()
+        claimed: dict[str, int] = {}
+        for c in claims:
+            claimed[c.gpu.node_id] = claimed.get(c.gpu.node_id, 0) + 1
+        return {"nodes": {n.node_id: len(n.gpus) for n in nodes}, "claimed": claimed}
+
+    def families(self, s: dict | None) -> Iterable:
+        nodes = GaugeMetricFamily("omru_registry_nodes", "Live nodes (registered, lease alive)")
+        gpus = GaugeMetricFamily("omru_registry_gpus", "GPUs of each live node", labels=["node"])
+        claimed = GaugeMetricFamily("omru_registry_gpus_claimed", "GPUs of each node claimed by a job or trial",
+                                    labels=["node"])
+        if s is not None:
+            nodes.add_metric([], len(s["nodes"]))
+            for node, n in sorted(s["nodes"].items()):
+                gpus.add_metric([node], n)
+                claimed.add_metric([node], s["claimed"].get(node, 0))
+        return [nodes, gpus, claimed]
