@@ -29,7 +29,7 @@ IDEMPOTENT_METHODS: dict[str, tuple[str, ...]] = {
         "KeepAliveNode", "DeregisterNode", "GetNode", "ListNodes", "ClaimGpus",
         "ReleaseGpus", "ListClaims",
     ),
-    "omru.v1.ExecutorService": ("StartJob", "ResizeJob", "StopJob", "GetJobs"),
+    "omru.v1.ExecutorService": ("GetJobs",),
     "omru.v1.ProfilerService": ("GetProfile",),
     "omru.v1.PlannerService": ("SubmitJobs", "CancelJob", "GetPlan", "ListJobs", "GetReport"),
     "grpc.health.v1.Health": ("Check",),
