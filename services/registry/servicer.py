@@ -17,11 +17,7 @@ from services.common.errors import abort, abort_invalid, grpc_errors
 from services.registry import validation as v
 from services.registry.store import RegistryError, RegistryStore
 
-_CODES = {
-    "not_found": grpc.StatusCode.NOT_FOUND,
-    "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
-    "aborted": grpc.StatusCode.ABORTED,
-}
+_CODES = {"not_found": grpc.StatusCode.NOT_FOUND}
 
 
 def _registry_errors(method):
@@ -91,18 +87,6 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     async def ListNodes(self, request, context):
         nodes, revision = await self.store.list_nodes()
         return registry_pb2.ListNodesResponse(nodes=nodes, revision=revision)
-
-    @_registry_errors
-    async def ClaimGpus(self, request, context):
-        await _check(context, v.id_problem("job_id", request.job_id), v.gpu_refs_problem("gpus", request.gpus))
-        claims, revision = await self.store.claim(request.job_id, list(request.gpus))
-        return registry_pb2.ClaimGpusResponse(claims=claims, revision=revision)
-
-    @_registry_errors
-    async def ReleaseGpus(self, request, context):
-        await _check(context, v.id_problem("job_id", request.job_id), v.gpu_refs_problem("gpus", request.gpus, required=False))
-        released, revision = await self.store.release(request.job_id, list(request.gpus))
-        return registry_pb2.ReleaseGpusResponse(released=released, revision=revision)
 
     @_registry_errors
     async def ListClaims(self, request, context):
