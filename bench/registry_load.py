@@ -7,7 +7,9 @@ Starts its own etcd and a registry server process on loopback, then runs
 executor runs (`NodeMembership` on its own `open_channel` connection):
 RegisterNode, then KeepAliveNode every ttl/3 seconds. Meanwhile one observer
 lists the nodes every second, watches the cluster, and claims and releases
-one GPU of a random node --claims-per-s times a second. At the end every node
+one GPU of a random node --claims-per-s times a second as the planner does
+(its etcd transaction, `PlannerState.change`: the registry relays the
+changes to the watch). At the end every node
 deregisters. It prints p50/p95/p99/max latency and calls per second per RPC
 kind, and the missed leases: nodes whose keepalive failed, that had to
 register again, that were missing from a ListNodes, or that were removed
@@ -36,12 +38,14 @@ from omru.v1 import common_pb2, registry_pb2, registry_pb2_grpc  # noqa: E402
 from services.common import logging as omru_logging  # noqa: E402
 from services.common.channels import open_channel  # noqa: E402
 from services.common.cluster import EtcdProcess, ServiceProcess, child_env, service_argv, wait_ready  # noqa: E402
+from services.common.etcd import EtcdStore, EtcdUnavailable, LeaseNotFound  # noqa: E402
+from services.planner.state import PlannerState  # noqa: E402
 from services.registry.membership import NodeMembership  # noqa: E402
 
-#: RPC kinds in the order of the table (method name -> row label).
+#: Calls in the order of the table (RPC method name, or the planner's etcd write -> row label).
 KINDS = {
     "RegisterNode": "register", "KeepAliveNode": "keepalive", "ListNodes": "list",
-    "ClaimGpus": "claim", "ReleaseGpus": "release", "DeregisterNode": "deregister",
+    "claim": "claim", "release": "release", "DeregisterNode": "deregister",
 }
 #: Each simulated node its own TCP connection, as separate executor hosts have.
 OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
@@ -105,8 +109,10 @@ def node_ids(nodes: int) -> list[str]:
     return [f"load-{i:04d}" for i in range(nodes)]
 
 
-async def run_load(registry: str, nodes: int, seconds: float, ttl: int = 5, claims_per_s: float = 2.0, seed: int = 1) -> LoadResult:
-    """Run `nodes` simulated nodes against the registry at address for `seconds`; every node leaves at the end."""
+async def run_load(registry: str, etcd: str, nodes: int, seconds: float, ttl: int = 5, claims_per_s: float = 2.0,
+                   seed: int = 1) -> LoadResult:
+    """Run `nodes` simulated nodes against the registry at address (on the etcd at endpoint etcd) for `seconds`;
+    every node leaves at the end."""
     recorder = CallRecorder()
     rng = random.Random(seed)
     ids = node_ids(nodes)
@@ -115,6 +121,9 @@ async def run_load(registry: str, nodes: int, seconds: float, ttl: int = 5, clai
     members = [NodeMembership(ch, node_id, f"127.0.0.1:{20000 + i}", slots, ttl) for i, (ch, node_id) in enumerate(zip(channels, ids))]
     observer = open_channel(registry, interceptors=[recorder])
     stub = registry_pb2_grpc.RegistryServiceStub(observer)
+    store = EtcdStore(etcd)
+    await store.connect()
+    state = PlannerState(store)
     result = LoadResult(nodes, seconds, recorder)
     alive: set[str] = set()
 
@@ -128,6 +137,15 @@ async def run_load(registry: str, nodes: int, seconds: float, ttl: int = 5, clai
         await member.start()
         alive.add(member.node_id)
 
+    async def planner_write(kind: str, **change) -> None:
+        began = time.perf_counter()
+        try:
+            await state.change("load-job", **change)
+        except (EtcdUnavailable, LeaseNotFound) as exc:
+            recorder.errors[kind][type(exc).__name__] += 1
+        finally:
+            recorder.latencies[kind].append(time.perf_counter() - began)
+
     async def observe(until: float) -> None:
         loop = asyncio.get_running_loop()
         next_claim = loop.time()
@@ -138,10 +156,10 @@ async def run_load(registry: str, nodes: int, seconds: float, ttl: int = 5, clai
             tick = loop.time() + 1.0
             while claims_per_s > 0 and next_claim < min(tick, until):
                 await asyncio.sleep(max(0.0, next_claim - loop.time()))
-                refs = [common_pb2.GpuRef(node_id=rng.choice(ids), index=rng.randrange(len(slots)))]
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    await stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="load-job", gpus=refs))
-                    await stub.ReleaseGpus(registry_pb2.ReleaseGpusRequest(job_id="load-job", gpus=refs))
+                member = rng.choice(members)
+                gpu = (member.node_id, rng.randrange(len(slots)))
+                await planner_write("claim", claim={gpu: member.lease_id})
+                await planner_write("release", release=[gpu])
                 next_claim += 1.0 / claims_per_s
             await asyncio.sleep(max(0.0, min(tick, until) - loop.time()))
 
@@ -161,7 +179,7 @@ async def run_load(registry: str, nodes: int, seconds: float, ttl: int = 5, clai
         leaving = time.perf_counter()
         await asyncio.gather(watcher, *(m.stop() for m in members), return_exceptions=True)
         result.leave_s = time.perf_counter() - leaving
-        await asyncio.gather(observer.close(), *(ch.close() for ch in channels))
+        await asyncio.gather(observer.close(), store.close(), *(ch.close() for ch in channels))
     return result
 
 
@@ -227,7 +245,8 @@ def main() -> int:
         try:
             wait_ready([registry.spawn()], 30.0)
             cpu_before = {"registry": cpu_seconds(registry.proc.pid), "etcd": cpu_seconds(etcd.proc.pid), "nodes": time.process_time()}
-            result = asyncio.run(run_load(registry.address, args.nodes, args.seconds, args.ttl, args.claims_per_s))
+            result = asyncio.run(run_load(registry.address, etcd.endpoint, args.nodes, args.seconds, args.ttl,
+                                          args.claims_per_s))
             cpu = {
                 "registry": cpu_seconds(registry.proc.pid) - cpu_before["registry"],
                 "etcd": cpu_seconds(etcd.proc.pid) - cpu_before["etcd"],

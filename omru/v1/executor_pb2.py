@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from omru.v1 import common_pb2 as omru_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16omru/v1/executor.proto\x12\x07omru.v1\x1a\x14omru/v1/common.proto\"g\n\x0eProfileOptions\x12\x19\n\x0cwarmup_iters\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\rmeasure_iters\x18\x02 \x01(\x05\x12\x12\n\nfull_epoch\x18\x03 \x01(\x08\x42\x0f\n\r_warmup_iters\"\xf8\x01\n\tDirective\x12\x14\n\x0c\x64irective_id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.omru.v1.DirectiveKind\x12\x1d\n\x03job\x18\x03 \x01(\x0b\x32\x10.omru.v1.JobSpec\x12\x1d\n\x04gpus\x18\x04 \x03(\x0b\x32\x0f.omru.v1.GpuRef\x12\x1b\n\x13rendezvous_endpoint\x18\x05 \x01(\t\x12\x12\n\nattempt_id\x18\x06 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x07 \x01(\t\x12(\n\x07profile\x18\x08 \x01(\x0b\x32\x17.omru.v1.ProfileOptions\"\xf3\x02\n\rExecutorEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12(\n\x04kind\x18\x04 \x01(\x0e\x32\x1a.omru.v1.ExecutorEventKind\x12\x13\n\x0btime_unix_s\x18\x05 \x01(\x01\x12\r\n\x05\x65poch\x18\x06 \x01(\x05\x12\x15\n\repoch_seconds\x18\x07 \x01(\x01\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12\x10\n\x08\x61\x63\x63uracy\x18\t \x01(\x01\x12\n\n\x02lr\x18\n \x01(\x01\x12\x12\n\nworld_size\x18\x0b \x01(\x05\x12\x1d\n\x04gpus\x18\x0c \x03(\x0b\x32\x0f.omru.v1.GpuRef\x12\x12\n\nattempt_id\x18\r \x01(\t\x12\x0f\n\x07message\x18\x0e \x01(\t\x12\x14\n\x0citer_seconds\x18\x0f \x01(\x01\x12\r\n\x05steps\x18\x10 \x01(\x05\x12\x14\n\x0cglobal_batch\x18\x11 \x01(\x05\x12\x10\n\x08restarts\x18\x12 \x01(\x05\"\xf9\x01\n\x0b\x45xecutorJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nattempt_id\x18\x02 \x01(\t\x12#\n\nlocal_gpus\x18\x03 \x03(\x0b\x32\x0f.omru.v1.GpuRef\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x13\n\x0b\x65pochs_done\x18\x05 \x01(\x05\x12 \n\x05state\x18\x06 \x01(\x0e\x32\x11.omru.v1.JobState\x12\r\n\x05phase\x18\x07 \x01(\t\x12\x10\n\x08restarts\x18\x08 \x01(\x05\x12\x0f\n\x07profile\x18\t \x01(\x08\x12\x13\n\x0bworker_pids\x18\n \x03(\x05\x12\x0f\n\x07message\x18\x0b \x01(\t\"8\n\x0fStartJobRequest\x12%\n\tdirective\x18\x01 \x01(\x0b\x32\x12.omru.v1.Directive\"%\n\x10StartJobResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\"9\n\x10ResizeJobRequest\x12%\n\tdirective\x18\x01 \x01(\x0b\x32\x12.omru.v1.Directive\"&\n\x11ResizeJobResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\"7\n\x0eStopJobRequest\x12%\n\tdirective\x18\x01 \x01(\x0b\x32\x12.omru.v1.Directive\"$\n\x0fStopJobResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\"\x10\n\x0eGetJobsRequest\"X\n\x0fGetJobsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\"\n\x04jobs\x18\x02 \x03(\x0b\x32\x14.omru.v1.ExecutorJob\x12\x10\n\x08last_seq\x18\x03 \x01(\x03\"\'\n\x12WatchEventsRequest\x12\x11\n\tafter_seq\x18\x01 \x01(\x03\"<\n\x13WatchEventsResponse\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.omru.v1.ExecutorEvent\"m\n\x0eGetLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x11\n\x04rank\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x42\x07\n\x05_rank\"s\n\x0fGetLogsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x12\n\nattempt_id\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0e\n\x06offset\x18\x06 \x01(\x03*}\n\rDirectiveKind\x12\x1e\n\x1a\x44IRECTIVE_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44IRECTIVE_KIND_START\x10\x01\x12\x19\n\x15\x44IRECTIVE_KIND_RESIZE\x10\x02\x12\x17\n\x13\x44IRECTIVE_KIND_STOP\x10\x03*\x88\x02\n\x11\x45xecutorEventKind\x12#\n\x1f\x45XECUTOR_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45XECUTOR_EVENT_KIND_STARTED\x10\x01\x12\"\n\x1e\x45XECUTOR_EVENT_KIND_EPOCH_DONE\x10\x02\x12 \n\x1c\x45XECUTOR_EVENT_KIND_FINISHED\x10\x03\x12%\n!EXECUTOR_EVENT_KIND_GPUS_RELEASED\x10\x04\x12\x1e\n\x1a\x45XECUTOR_EVENT_KIND_FAILED\x10\x05\x12 \n\x1c\x45XECUTOR_EVENT_KIND_PROFILED\x10\x06\x32\x9e\x03\n\x0f\x45xecutorService\x12?\n\x08StartJob\x12\x18.omru.v1.StartJobRequest\x1a\x19.omru.v1.StartJobResponse\x12\x42\n\tResizeJob\x12\x19.omru.v1.ResizeJobRequest\x1a\x1a.omru.v1.ResizeJobResponse\x12<\n\x07StopJob\x12\x17.omru.v1.StopJobRequest\x1a\x18.omru.v1.StopJobResponse\x12<\n\x07GetJobs\x12\x17.omru.v1.GetJobsRequest\x1a\x18.omru.v1.GetJobsResponse\x12J\n\x0bWatchEvents\x12\x1b.omru.v1.WatchEventsRequest\x1a\x1c.omru.v1.WatchEventsResponse0\x01\x12>\n\x07GetLogs\x12\x17.omru.v1.GetLogsRequest\x1a\x18.omru.v1.GetLogsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16omru/v1/executor.proto\x12\x07omru.v1\x1a\x14omru/v1/common.proto\"g\n\x0eProfileOptions\x12\x19\n\x0cwarmup_iters\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\rmeasure_iters\x18\x02 \x01(\x05\x12\x12\n\nfull_epoch\x18\x03 \x01(\x08\x42\x0f\n\r_warmup_iters\"\xf8\x01\n\tDirective\x12\x14\n\x0c\x64irective_id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.omru.v1.DirectiveKind\x12\x1d\n\x03job\x18\x03 \x01(\x0b\x32\x10.omru.v1.JobSpec\x12\x1d\n\x04gpus\x18\x04 \x03(\x0b\x32\x0f.omru.v1.GpuRef\x12\x1b\n\x13rendezvous_endpoint\x18\x05 \x01(\t\x12\x12\n\nattempt_id\x18\x06 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x07 \x01(\t\x12(\n\x07profile\x18\x08 \x01(\x0b\x32\x17.omru.v1.ProfileOptions\"\xf3\x02\n\rExecutorEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12(\n\x04kind\x18\x04 \x01(\x0e\x32\x1a.omru.v1.ExecutorEventKind\x12\x13\n\x0btime_unix_s\x18\x05 \x01(\x01\x12\r\n\x05\x65poch\x18\x06 \x01(\x05\x12\x15\n\repoch_seconds\x18\x07 \x01(\x01\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12\x10\n\x08\x61\x63\x63uracy\x18\t \x01(\x01\x12\n\n\x02lr\x18\n \x01(\x01\x12\x12\n\nworld_size\x18\x0b \x01(\x05\x12\x1d\n\x04gpus\x18\x0c \x03(\x0b\x32\x0f.omru.v1.GpuRef\x12\x12\n\nattempt_id\x18\r \x01(\t\x12\x0f\n\x07message\x18\x0e \x01(\t\x12\x14\n\x0citer_seconds\x18\x0f \x01(\x01\x12\r\n\x05steps\x18\x10 \x01(\x05\x12\x14\n\x0cglobal_batch\x18\x11 \x01(\x05\x12\x10\n\x08restarts\x18\x12 \x01(\x05\"\xf9\x01\n\x0b\x45xecutorJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nattempt_id\x18\x02 \x01(\t\x12#\n\nlocal_gpus\x18\x03 \x03(\x0b\x32\x0f.omru.v1.GpuRef\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x13\n\x0b\x65pochs_done\x18\x05 \x01(\x05\x12 \n\x05state\x18\x06 \x01(\x0e\x32\x11.omru.v1.JobState\x12\r\n\x05phase\x18\x07 \x01(\t\x12\x10\n\x08restarts\x18\x08 \x01(\x05\x12\x0f\n\x07profile\x18\t \x01(\x08\x12\x13\n\x0bworker_pids\x18\n \x03(\x05\x12\x0f\n\x07message\x18\x0b \x01(\t\"\x10\n\x0eGetJobsRequest\"X\n\x0fGetJobsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\"\n\x04jobs\x18\x02 \x03(\x0b\x32\x14.omru.v1.ExecutorJob\x12\x10\n\x08last_seq\x18\x03 \x01(\x03\"\'\n\x12WatchEventsRequest\x12\x11\n\tafter_seq\x18\x01 \x01(\x03\"<\n\x13WatchEventsResponse\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.omru.v1.ExecutorEvent\"m\n\x0eGetLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x11\n\x04rank\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x42\x07\n\x05_rank\"s\n\x0fGetLogsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x12\n\nattempt_id\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0e\n\x06offset\x18\x06 \x01(\x03*}\n\rDirectiveKind\x12\x1e\n\x1a\x44IRECTIVE_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44IRECTIVE_KIND_START\x10\x01\x12\x19\n\x15\x44IRECTIVE_KIND_RESIZE\x10\x02\x12\x17\n\x13\x44IRECTIVE_KIND_STOP\x10\x03*\x88\x02\n\x11\x45xecutorEventKind\x12#\n\x1f\x45XECUTOR_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45XECUTOR_EVENT_KIND_STARTED\x10\x01\x12\"\n\x1e\x45XECUTOR_EVENT_KIND_EPOCH_DONE\x10\x02\x12 \n\x1c\x45XECUTOR_EVENT_KIND_FINISHED\x10\x03\x12%\n!EXECUTOR_EVENT_KIND_GPUS_RELEASED\x10\x04\x12\x1e\n\x1a\x45XECUTOR_EVENT_KIND_FAILED\x10\x05\x12 \n\x1c\x45XECUTOR_EVENT_KIND_PROFILED\x10\x06\x32\xdb\x01\n\x0f\x45xecutorService\x12<\n\x07GetJobs\x12\x17.omru.v1.GetJobsRequest\x1a\x18.omru.v1.GetJobsResponse\x12J\n\x0bWatchEvents\x12\x1b.omru.v1.WatchEventsRequest\x1a\x1c.omru.v1.WatchEventsResponse0\x01\x12>\n\x07GetLogs\x12\x17.omru.v1.GetLogsRequest\x1a\x18.omru.v1.GetLogsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'omru.v1.executor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DIRECTIVEKIND']._serialized_start=1769
-  _globals['_DIRECTIVEKIND']._serialized_end=1894
-  _globals['_EXECUTOREVENTKIND']._serialized_start=1897
-  _globals['_EXECUTOREVENTKIND']._serialized_end=2161
+  _globals['_DIRECTIVEKIND']._serialized_start=1478
+  _globals['_DIRECTIVEKIND']._serialized_end=1603
+  _globals['_EXECUTOREVENTKIND']._serialized_start=1606
+  _globals['_EXECUTOREVENTKIND']._serialized_end=1870
   _globals['_PROFILEOPTIONS']._serialized_start=57
   _globals['_PROFILEOPTIONS']._serialized_end=160
   _globals['_DIRECTIVE']._serialized_start=163
@@ -44,30 +44,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECUTOREVENT']._serialized_end=785
   _globals['_EXECUTORJOB']._serialized_start=788
   _globals['_EXECUTORJOB']._serialized_end=1037
-  _globals['_STARTJOBREQUEST']._serialized_start=1039
-  _globals['_STARTJOBREQUEST']._serialized_end=1095
-  _globals['_STARTJOBRESPONSE']._serialized_start=1097
-  _globals['_STARTJOBRESPONSE']._serialized_end=1134
-  _globals['_RESIZEJOBREQUEST']._serialized_start=1136
-  _globals['_RESIZEJOBREQUEST']._serialized_end=1193
-  _globals['_RESIZEJOBRESPONSE']._serialized_start=1195
-  _globals['_RESIZEJOBRESPONSE']._serialized_end=1233
-  _globals['_STOPJOBREQUEST']._serialized_start=1235
-  _globals['_STOPJOBREQUEST']._serialized_end=1290
-  _globals['_STOPJOBRESPONSE']._serialized_start=1292
-  _globals['_STOPJOBRESPONSE']._serialized_end=1328
-  _globals['_GETJOBSREQUEST']._serialized_start=1330
-  _globals['_GETJOBSREQUEST']._serialized_end=1346
-  _globals['_GETJOBSRESPONSE']._serialized_start=1348
-  _globals['_GETJOBSRESPONSE']._serialized_end=1436
-  _globals['_WATCHEVENTSREQUEST']._serialized_start=1438
-  _globals['_WATCHEVENTSREQUEST']._serialized_end=1477
-  _globals['_WATCHEVENTSRESPONSE']._serialized_start=1479
-  _globals['_WATCHEVENTSRESPONSE']._serialized_end=1539
-  _globals['_GETLOGSREQUEST']._serialized_start=1541
-  _globals['_GETLOGSREQUEST']._serialized_end=1650
-  _globals['_GETLOGSRESPONSE']._serialized_start=1652
-  _globals['_GETLOGSRESPONSE']._serialized_end=1767
-  _globals['_EXECUTORSERVICE']._serialized_start=2164
-  _globals['_EXECUTORSERVICE']._serialized_end=2578
+  _globals['_GETJOBSREQUEST']._serialized_start=1039
+  _globals['_GETJOBSREQUEST']._serialized_end=1055
+  _globals['_GETJOBSRESPONSE']._serialized_start=1057
+  _globals['_GETJOBSRESPONSE']._serialized_end=1145
+  _globals['_WATCHEVENTSREQUEST']._serialized_start=1147
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=1186
+  _globals['_WATCHEVENTSRESPONSE']._serialized_start=1188
+  _globals['_WATCHEVENTSRESPONSE']._serialized_end=1248
+  _globals['_GETLOGSREQUEST']._serialized_start=1250
+  _globals['_GETLOGSREQUEST']._serialized_end=1359
+  _globals['_GETLOGSRESPONSE']._serialized_start=1361
+  _globals['_GETLOGSRESPONSE']._serialized_end=1476
+  _globals['_EXECUTORSERVICE']._serialized_start=1873
+  _globals['_EXECUTORSERVICE']._serialized_end=2092
 # @@protoc_insertion_point(module_scope)

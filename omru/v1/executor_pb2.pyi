@@ -132,42 +132,6 @@ class ExecutorJob(_message.Message):
     message: str
     def __init__(self, job_id: _Optional[str] = ..., attempt_id: _Optional[str] = ..., local_gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., world_size: _Optional[int] = ..., epochs_done: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., phase: _Optional[str] = ..., restarts: _Optional[int] = ..., profile: _Optional[bool] = ..., worker_pids: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ...) -> None: ...
 
-class StartJobRequest(_message.Message):
-    __slots__ = ("directive",)
-    DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
-    directive: Directive
-    def __init__(self, directive: _Optional[_Union[Directive, _Mapping]] = ...) -> None: ...
-
-class StartJobResponse(_message.Message):
-    __slots__ = ("duplicate",)
-    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
-    duplicate: bool
-    def __init__(self, duplicate: _Optional[bool] = ...) -> None: ...
-
-class ResizeJobRequest(_message.Message):
-    __slots__ = ("directive",)
-    DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
-    directive: Directive
-    def __init__(self, directive: _Optional[_Union[Directive, _Mapping]] = ...) -> None: ...
-
-class ResizeJobResponse(_message.Message):
-    __slots__ = ("duplicate",)
-    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
-    duplicate: bool
-    def __init__(self, duplicate: _Optional[bool] = ...) -> None: ...
-
-class StopJobRequest(_message.Message):
-    __slots__ = ("directive",)
-    DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
-    directive: Directive
-    def __init__(self, directive: _Optional[_Union[Directive, _Mapping]] = ...) -> None: ...
-
-class StopJobResponse(_message.Message):
-    __slots__ = ("duplicate",)
-    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
-    duplicate: bool
-    def __init__(self, duplicate: _Optional[bool] = ...) -> None: ...
-
 class GetJobsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -26,8 +26,9 @@ if _version_not_supported:
 
 
 class ExecutorServiceStub:
-    """ExecutorService runs on every node: it turns directives into training
-    worker processes (one per GPU or CPU slot) and reports what happens.
+    """ExecutorService runs on every node: it runs the allocations the planner
+    wrote for its node (RegistryService.WatchAllocations) as training worker
+    processes (one per GPU or CPU slot) and reports what happens.
     """
 
     def __init__(self, channel):
@@ -36,21 +37,6 @@ class ExecutorServiceStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.StartJob = channel.unary_unary(
-                '/omru.v1.ExecutorService/StartJob',
-                request_serializer=omru_dot_v1_dot_executor__pb2.StartJobRequest.SerializeToString,
-                response_deserializer=omru_dot_v1_dot_executor__pb2.StartJobResponse.FromString,
-                _registered_method=True)
-        self.ResizeJob = channel.unary_unary(
-                '/omru.v1.ExecutorService/ResizeJob',
-                request_serializer=omru_dot_v1_dot_executor__pb2.ResizeJobRequest.SerializeToString,
-                response_deserializer=omru_dot_v1_dot_executor__pb2.ResizeJobResponse.FromString,
-                _registered_method=True)
-        self.StopJob = channel.unary_unary(
-                '/omru.v1.ExecutorService/StopJob',
-                request_serializer=omru_dot_v1_dot_executor__pb2.StopJobRequest.SerializeToString,
-                response_deserializer=omru_dot_v1_dot_executor__pb2.StopJobResponse.FromString,
-                _registered_method=True)
         self.GetJobs = channel.unary_unary(
                 '/omru.v1.ExecutorService/GetJobs',
                 request_serializer=omru_dot_v1_dot_executor__pb2.GetJobsRequest.SerializeToString,
@@ -69,30 +55,10 @@ class ExecutorServiceStub:
 
 
 class ExecutorServiceServicer:
-    """ExecutorService runs on every node: it turns directives into training
-    worker processes (one per GPU or CPU slot) and reports what happens.
+    """ExecutorService runs on every node: it runs the allocations the planner
+    wrote for its node (RegistryService.WatchAllocations) as training worker
+    processes (one per GPU or CPU slot) and reports what happens.
     """
-
-    def StartJob(self, request, context):
-        """Starts a job's ranks that live on this node (idempotent on directive_id).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ResizeJob(self, request, context):
-        """Moves a job to a new GPU set at the next epoch boundary (idempotent on directive_id).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def StopJob(self, request, context):
-        """Stops a job's ranks on this node (idempotent on directive_id).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
 
     def GetJobs(self, request, context):
         """Returns the jobs that run on this node.
@@ -119,21 +85,6 @@ class ExecutorServiceServicer:
 
 def add_ExecutorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'StartJob': grpc.unary_unary_rpc_method_handler(
-                    servicer.StartJob,
-                    request_deserializer=omru_dot_v1_dot_executor__pb2.StartJobRequest.FromString,
-                    response_serializer=omru_dot_v1_dot_executor__pb2.StartJobResponse.SerializeToString,
-            ),
-            'ResizeJob': grpc.unary_unary_rpc_method_handler(
-                    servicer.ResizeJob,
-                    request_deserializer=omru_dot_v1_dot_executor__pb2.ResizeJobRequest.FromString,
-                    response_serializer=omru_dot_v1_dot_executor__pb2.ResizeJobResponse.SerializeToString,
-            ),
-            'StopJob': grpc.unary_unary_rpc_method_handler(
-                    servicer.StopJob,
-                    request_deserializer=omru_dot_v1_dot_executor__pb2.StopJobRequest.FromString,
-                    response_serializer=omru_dot_v1_dot_executor__pb2.StopJobResponse.SerializeToString,
-            ),
             'GetJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJobs,
                     request_deserializer=omru_dot_v1_dot_executor__pb2.GetJobsRequest.FromString,
@@ -158,90 +109,10 @@ def add_ExecutorServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ExecutorService:
-    """ExecutorService runs on every node: it turns directives into training
-    worker processes (one per GPU or CPU slot) and reports what happens.
+    """ExecutorService runs on every node: it runs the allocations the planner
+    wrote for its node (RegistryService.WatchAllocations) as training worker
+    processes (one per GPU or CPU slot) and reports what happens.
     """
-
-    @staticmethod
-    def StartJob(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/omru.v1.ExecutorService/StartJob',
-            omru_dot_v1_dot_executor__pb2.StartJobRequest.SerializeToString,
-            omru_dot_v1_dot_executor__pb2.StartJobResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ResizeJob(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/omru.v1.ExecutorService/ResizeJob',
-            omru_dot_v1_dot_executor__pb2.ResizeJobRequest.SerializeToString,
-            omru_dot_v1_dot_executor__pb2.ResizeJobResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def StopJob(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/omru.v1.ExecutorService/StopJob',
-            omru_dot_v1_dot_executor__pb2.StopJobRequest.SerializeToString,
-            omru_dot_v1_dot_executor__pb2.StopJobResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
 
     @staticmethod
     def GetJobs(request,

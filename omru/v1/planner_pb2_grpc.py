@@ -27,7 +27,7 @@ if _version_not_supported:
 
 class PlannerServiceStub:
     """PlannerService takes batches of jobs, has them profiled, plans when and on
-    how many GPUs each runs, pushes directives to the executors and reports.
+    how many GPUs each runs, writes the executors their allocations and reports.
     """
 
     def __init__(self, channel):
@@ -80,7 +80,7 @@ class PlannerServiceStub:
 
 class PlannerServiceServicer:
     """PlannerService takes batches of jobs, has them profiled, plans when and on
-    how many GPUs each runs, pushes directives to the executors and reports.
+    how many GPUs each runs, writes the executors their allocations and reports.
     """
 
     def SubmitJobs(self, request, context):
@@ -199,7 +199,7 @@ def add_PlannerServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class PlannerService:
     """PlannerService takes batches of jobs, has them profiled, plans when and on
-    how many GPUs each runs, pushes directives to the executors and reports.
+    how many GPUs each runs, writes the executors their allocations and reports.
     """
 
     @staticmethod

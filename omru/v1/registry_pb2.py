@@ -26,15 +26,15 @@ from omru.v1 import common_pb2 as omru_dot_v1_dot_common__pb2
 from omru.v1 import executor_pb2 as omru_dot_v1_dot_executor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16omru/v1/registry.proto\x12\x07omru.v1\x1a\x14omru/v1/common.proto\x1a\x16omru/v1/executor.proto\"\x9c\x01\n\x04Node\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x1e\n\x04gpus\x18\x03 \x03(\x0b\x32\x10.omru.v1.GpuInfo\x12\x10\n\x08lease_id\x18\x04 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x05 \x01(\x05\x12\x19\n\x11registered_unix_s\x18\x06 \x01(\x01\x12\x10\n\x08revision\x18\x07 \x01(\x03\"b\n\x08GpuClaim\x12\x1c\n\x03gpu\x18\x01 \x01(\x0b\x32\x0f.omru.v1.GpuRef\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x16\n\x0e\x63laimed_unix_s\x18\x03 \x01(\x01\x12\x10\n\x08revision\x18\x04 \x01(\x03\"l\n\x13RegisterNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x1e\n\x04gpus\x18\x03 \x03(\x0b\x32\x10.omru.v1.GpuInfo\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\x05\"E\n\x14RegisterNodeResponse\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x1b\n\x04node\x18\x02 \x01(\x0b\x32\r.omru.v1.Node\"9\n\x14KeepAliveNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\",\n\x15KeepAliveNodeResponse\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\x05\"(\n\x15\x44\x65registerNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\")\n\x16\x44\x65registerNodeResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"!\n\x0eGetNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\".\n\x0fGetNodeResponse\x12\x1b\n\x04node\x18\x01 \x01(\x0b\x32\r.omru.v1.Node\"\x12\n\x10ListNodesRequest\"C\n\x11ListNodesResponse\x12\x1c\n\x05nodes\x18\x01 \x03(\x0b\x32\r.omru.v1.Node\x12\x10\n\x08revision\x18\x02 \x01(\x03\"A\n\x10\x43laimGpusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1d\n\x04gpus\x18\x02 \x03(\x0b\x32\x0f.omru.v1.GpuRef\"H\n\x11\x43laimGpusResponse\x12!\n\x06\x63laims\x18\x01 \x03(\x0b\x32\x11.omru.v1.GpuClaim\x12\x10\n\x08revision\x18\x02 \x01(\x03\"C\n\x12ReleaseGpusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1d\n\x04gpus\x18\x02 \x03(\x0b\x32\x0f.omru.v1.GpuRef\"J\n\x13ReleaseGpusResponse\x12!\n\x08released\x18\x01 \x03(\x0b\x32\x0f.omru.v1.GpuRef\x12\x10\n\x08revision\x18\x02 \x01(\x03\"#\n\x11ListClaimsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"I\n\x12ListClaimsResponse\x12!\n\x06\x63laims\x18\x01 \x03(\x0b\x32\x11.omru.v1.GpuClaim\x12\x10\n\x08revision\x18\x02 \x01(\x03\"-\n\x13WatchClusterRequest\x12\x16\n\x0e\x61\x66ter_revision\x18\x01 \x01(\x03\"\x93\x01\n\x0c\x43lusterEvent\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.omru.v1.ClusterEventKind\x12\x1b\n\x04node\x18\x03 \x01(\x0b\x32\r.omru.v1.Node\x12 \n\x05\x63laim\x18\x04 \x01(\x0b\x32\x11.omru.v1.GpuClaimJ\x04\x08\x05\x10\x06R\x03job\"O\n\x14WatchClusterResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12%\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x15.omru.v1.ClusterEvent\"*\n\x17WatchAllocationsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\x80\x01\n\x18WatchAllocationsResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12\'\n\x0b\x61llocations\x18\x03 \x03(\x0b\x32\x12.omru.v1.Directive\x12\x17\n\x0fremoved_job_ids\x18\x04 \x03(\t*\xb1\x02\n\x10\x43lusterEventKind\x12\"\n\x1e\x43LUSTER_EVENT_KIND_UNSPECIFIED\x10\x00\x12!\n\x1d\x43LUSTER_EVENT_KIND_NODE_ADDED\x10\x01\x12#\n\x1f\x43LUSTER_EVENT_KIND_NODE_UPDATED\x10\x02\x12#\n\x1f\x43LUSTER_EVENT_KIND_NODE_REMOVED\x10\x03\x12\"\n\x1e\x43LUSTER_EVENT_KIND_GPU_CLAIMED\x10\x04\x12#\n\x1f\x43LUSTER_EVENT_KIND_GPU_RELEASED\x10\x05\x12\x1d\n\x19\x43LUSTER_EVENT_KIND_RESYNC\x10\x07\"\x04\x08\x06\x10\x06*\x1e\x43LUSTER_EVENT_KIND_JOB_UPDATED2\x82\x06\n\x0fRegistryService\x12K\n\x0cRegisterNode\x12\x1c.omru.v1.RegisterNodeRequest\x1a\x1d.omru.v1.RegisterNodeResponse\x12N\n\rKeepAliveNode\x12\x1d.omru.v1.KeepAliveNodeRequest\x1a\x1e.omru.v1.KeepAliveNodeResponse\x12Q\n\x0e\x44\x65registerNode\x12\x1e.omru.v1.DeregisterNodeRequest\x1a\x1f.omru.v1.DeregisterNodeResponse\x12<\n\x07GetNode\x12\x17.omru.v1.GetNodeRequest\x1a\x18.omru.v1.GetNodeResponse\x12\x42\n\tListNodes\x12\x19.omru.v1.ListNodesRequest\x1a\x1a.omru.v1.ListNodesResponse\x12\x42\n\tClaimGpus\x12\x19.omru.v1.ClaimGpusRequest\x1a\x1a.omru.v1.ClaimGpusResponse\x12H\n\x0bReleaseGpus\x12\x1b.omru.v1.ReleaseGpusRequest\x1a\x1c.omru.v1.ReleaseGpusResponse\x12\x45\n\nListClaims\x12\x1a.omru.v1.ListClaimsRequest\x1a\x1b.omru.v1.ListClaimsResponse\x12M\n\x0cWatchCluster\x12\x1c.omru.v1.WatchClusterRequest\x1a\x1d.omru.v1.WatchClusterResponse0\x01\x12Y\n\x10WatchAllocations\x12 .omru.v1.WatchAllocationsRequest\x1a!.omru.v1.WatchAllocationsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16omru/v1/registry.proto\x12\x07omru.v1\x1a\x14omru/v1/common.proto\x1a\x16omru/v1/executor.proto\"\x9c\x01\n\x04Node\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x1e\n\x04gpus\x18\x03 \x03(\x0b\x32\x10.omru.v1.GpuInfo\x12\x10\n\x08lease_id\x18\x04 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x05 \x01(\x05\x12\x19\n\x11registered_unix_s\x18\x06 \x01(\x01\x12\x10\n\x08revision\x18\x07 \x01(\x03\"b\n\x08GpuClaim\x12\x1c\n\x03gpu\x18\x01 \x01(\x0b\x32\x0f.omru.v1.GpuRef\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x16\n\x0e\x63laimed_unix_s\x18\x03 \x01(\x01\x12\x10\n\x08revision\x18\x04 \x01(\x03\"l\n\x13RegisterNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x1e\n\x04gpus\x18\x03 \x03(\x0b\x32\x10.omru.v1.GpuInfo\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\x05\"E\n\x14RegisterNodeResponse\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x1b\n\x04node\x18\x02 \x01(\x0b\x32\r.omru.v1.Node\"9\n\x14KeepAliveNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\",\n\x15KeepAliveNodeResponse\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\x05\"(\n\x15\x44\x65registerNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\")\n\x16\x44\x65registerNodeResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"!\n\x0eGetNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\".\n\x0fGetNodeResponse\x12\x1b\n\x04node\x18\x01 \x01(\x0b\x32\r.omru.v1.Node\"\x12\n\x10ListNodesRequest\"C\n\x11ListNodesResponse\x12\x1c\n\x05nodes\x18\x01 \x03(\x0b\x32\r.omru.v1.Node\x12\x10\n\x08revision\x18\x02 \x01(\x03\"#\n\x11ListClaimsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"I\n\x12ListClaimsResponse\x12!\n\x06\x63laims\x18\x01 \x03(\x0b\x32\x11.omru.v1.GpuClaim\x12\x10\n\x08revision\x18\x02 \x01(\x03\"-\n\x13WatchClusterRequest\x12\x16\n\x0e\x61\x66ter_revision\x18\x01 \x01(\x03\"\x93\x01\n\x0c\x43lusterEvent\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.omru.v1.ClusterEventKind\x12\x1b\n\x04node\x18\x03 \x01(\x0b\x32\r.omru.v1.Node\x12 \n\x05\x63laim\x18\x04 \x01(\x0b\x32\x11.omru.v1.GpuClaimJ\x04\x08\x05\x10\x06R\x03job\"O\n\x14WatchClusterResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12%\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x15.omru.v1.ClusterEvent\"*\n\x17WatchAllocationsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\x80\x01\n\x18WatchAllocationsResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12\'\n\x0b\x61llocations\x18\x03 \x03(\x0b\x32\x12.omru.v1.Directive\x12\x17\n\x0fremoved_job_ids\x18\x04 \x03(\t*\xb1\x02\n\x10\x43lusterEventKind\x12\"\n\x1e\x43LUSTER_EVENT_KIND_UNSPECIFIED\x10\x00\x12!\n\x1d\x43LUSTER_EVENT_KIND_NODE_ADDED\x10\x01\x12#\n\x1f\x43LUSTER_EVENT_KIND_NODE_UPDATED\x10\x02\x12#\n\x1f\x43LUSTER_EVENT_KIND_NODE_REMOVED\x10\x03\x12\"\n\x1e\x43LUSTER_EVENT_KIND_GPU_CLAIMED\x10\x04\x12#\n\x1f\x43LUSTER_EVENT_KIND_GPU_RELEASED\x10\x05\x12\x1d\n\x19\x43LUSTER_EVENT_KIND_RESYNC\x10\x07\"\x04\x08\x06\x10\x06*\x1e\x43LUSTER_EVENT_KIND_JOB_UPDATED2\xf4\x04\n\x0fRegistryService\x12K\n\x0cRegisterNode\x12\x1c.omru.v1.RegisterNodeRequest\x1a\x1d.omru.v1.RegisterNodeResponse\x12N\n\rKeepAliveNode\x12\x1d.omru.v1.KeepAliveNodeRequest\x1a\x1e.omru.v1.KeepAliveNodeResponse\x12Q\n\x0e\x44\x65registerNode\x12\x1e.omru.v1.DeregisterNodeRequest\x1a\x1f.omru.v1.DeregisterNodeResponse\x12<\n\x07GetNode\x12\x17.omru.v1.GetNodeRequest\x1a\x18.omru.v1.GetNodeResponse\x12\x42\n\tListNodes\x12\x19.omru.v1.ListNodesRequest\x1a\x1a.omru.v1.ListNodesResponse\x12\x45\n\nListClaims\x12\x1a.omru.v1.ListClaimsRequest\x1a\x1b.omru.v1.ListClaimsResponse\x12M\n\x0cWatchCluster\x12\x1c.omru.v1.WatchClusterRequest\x1a\x1d.omru.v1.WatchClusterResponse0\x01\x12Y\n\x10WatchAllocations\x12 .omru.v1.WatchAllocationsRequest\x1a!.omru.v1.WatchAllocationsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'omru.v1.registry_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CLUSTEREVENTKIND']._serialized_start=1735
-  _globals['_CLUSTEREVENTKIND']._serialized_end=2040
+  _globals['_CLUSTEREVENTKIND']._serialized_start=1449
+  _globals['_CLUSTEREVENTKIND']._serialized_end=1754
   _globals['_NODE']._serialized_start=82
   _globals['_NODE']._serialized_end=238
   _globals['_GPUCLAIM']._serialized_start=240
@@ -59,28 +59,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTNODESREQUEST']._serialized_end=812
   _globals['_LISTNODESRESPONSE']._serialized_start=814
   _globals['_LISTNODESRESPONSE']._serialized_end=881
-  _globals['_CLAIMGPUSREQUEST']._serialized_start=883
-  _globals['_CLAIMGPUSREQUEST']._serialized_end=948
-  _globals['_CLAIMGPUSRESPONSE']._serialized_start=950
-  _globals['_CLAIMGPUSRESPONSE']._serialized_end=1022
-  _globals['_RELEASEGPUSREQUEST']._serialized_start=1024
-  _globals['_RELEASEGPUSREQUEST']._serialized_end=1091
-  _globals['_RELEASEGPUSRESPONSE']._serialized_start=1093
-  _globals['_RELEASEGPUSRESPONSE']._serialized_end=1167
-  _globals['_LISTCLAIMSREQUEST']._serialized_start=1169
-  _globals['_LISTCLAIMSREQUEST']._serialized_end=1204
-  _globals['_LISTCLAIMSRESPONSE']._serialized_start=1206
-  _globals['_LISTCLAIMSRESPONSE']._serialized_end=1279
-  _globals['_WATCHCLUSTERREQUEST']._serialized_start=1281
-  _globals['_WATCHCLUSTERREQUEST']._serialized_end=1326
-  _globals['_CLUSTEREVENT']._serialized_start=1329
-  _globals['_CLUSTEREVENT']._serialized_end=1476
-  _globals['_WATCHCLUSTERRESPONSE']._serialized_start=1478
-  _globals['_WATCHCLUSTERRESPONSE']._serialized_end=1557
-  _globals['_WATCHALLOCATIONSREQUEST']._serialized_start=1559
-  _globals['_WATCHALLOCATIONSREQUEST']._serialized_end=1601
-  _globals['_WATCHALLOCATIONSRESPONSE']._serialized_start=1604
-  _globals['_WATCHALLOCATIONSRESPONSE']._serialized_end=1732
-  _globals['_REGISTRYSERVICE']._serialized_start=2043
-  _globals['_REGISTRYSERVICE']._serialized_end=2813
+  _globals['_LISTCLAIMSREQUEST']._serialized_start=883
+  _globals['_LISTCLAIMSREQUEST']._serialized_end=918
+  _globals['_LISTCLAIMSRESPONSE']._serialized_start=920
+  _globals['_LISTCLAIMSRESPONSE']._serialized_end=993
+  _globals['_WATCHCLUSTERREQUEST']._serialized_start=995
+  _globals['_WATCHCLUSTERREQUEST']._serialized_end=1040
+  _globals['_CLUSTEREVENT']._serialized_start=1043
+  _globals['_CLUSTEREVENT']._serialized_end=1190
+  _globals['_WATCHCLUSTERRESPONSE']._serialized_start=1192
+  _globals['_WATCHCLUSTERRESPONSE']._serialized_end=1271
+  _globals['_WATCHALLOCATIONSREQUEST']._serialized_start=1273
+  _globals['_WATCHALLOCATIONSREQUEST']._serialized_end=1315
+  _globals['_WATCHALLOCATIONSRESPONSE']._serialized_start=1318
+  _globals['_WATCHALLOCATIONSRESPONSE']._serialized_end=1446
+  _globals['_REGISTRYSERVICE']._serialized_start=1757
+  _globals['_REGISTRYSERVICE']._serialized_end=2385
 # @@protoc_insertion_point(module_scope)

@@ -126,38 +126,6 @@ class ListNodesResponse(_message.Message):
     revision: int
     def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
 
-class ClaimGpusRequest(_message.Message):
-    __slots__ = ("job_id", "gpus")
-    JOB_ID_FIELD_NUMBER: _ClassVar[int]
-    GPUS_FIELD_NUMBER: _ClassVar[int]
-    job_id: str
-    gpus: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuRef]
-    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ...) -> None: ...
-
-class ClaimGpusResponse(_message.Message):
-    __slots__ = ("claims", "revision")
-    CLAIMS_FIELD_NUMBER: _ClassVar[int]
-    REVISION_FIELD_NUMBER: _ClassVar[int]
-    claims: _containers.RepeatedCompositeFieldContainer[GpuClaim]
-    revision: int
-    def __init__(self, claims: _Optional[_Iterable[_Union[GpuClaim, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
-
-class ReleaseGpusRequest(_message.Message):
-    __slots__ = ("job_id", "gpus")
-    JOB_ID_FIELD_NUMBER: _ClassVar[int]
-    GPUS_FIELD_NUMBER: _ClassVar[int]
-    job_id: str
-    gpus: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuRef]
-    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ...) -> None: ...
-
-class ReleaseGpusResponse(_message.Message):
-    __slots__ = ("released", "revision")
-    RELEASED_FIELD_NUMBER: _ClassVar[int]
-    REVISION_FIELD_NUMBER: _ClassVar[int]
-    released: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuRef]
-    revision: int
-    def __init__(self, released: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
-
 class ListClaimsRequest(_message.Message):
     __slots__ = ("job_id",)
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

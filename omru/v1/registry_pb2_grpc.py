@@ -28,7 +28,8 @@ if _version_not_supported:
 class RegistryServiceStub:
     """RegistryService keeps the cluster state in etcd: nodes and their GPUs
     (bound to the node's lease: a lost lease is a lost node), exclusive GPU
-    claims, and a watch stream of every change. Jobs are the planner's
+    claims and allocations (both written by the planner alone), and a watch
+    stream of every change. Jobs are the planner's
     (PlannerService.ListJobs).
     """
 
@@ -63,16 +64,6 @@ class RegistryServiceStub:
                 request_serializer=omru_dot_v1_dot_registry__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=omru_dot_v1_dot_registry__pb2.ListNodesResponse.FromString,
                 _registered_method=True)
-        self.ClaimGpus = channel.unary_unary(
-                '/omru.v1.RegistryService/ClaimGpus',
-                request_serializer=omru_dot_v1_dot_registry__pb2.ClaimGpusRequest.SerializeToString,
-                response_deserializer=omru_dot_v1_dot_registry__pb2.ClaimGpusResponse.FromString,
-                _registered_method=True)
-        self.ReleaseGpus = channel.unary_unary(
-                '/omru.v1.RegistryService/ReleaseGpus',
-                request_serializer=omru_dot_v1_dot_registry__pb2.ReleaseGpusRequest.SerializeToString,
-                response_deserializer=omru_dot_v1_dot_registry__pb2.ReleaseGpusResponse.FromString,
-                _registered_method=True)
         self.ListClaims = channel.unary_unary(
                 '/omru.v1.RegistryService/ListClaims',
                 request_serializer=omru_dot_v1_dot_registry__pb2.ListClaimsRequest.SerializeToString,
@@ -93,7 +84,8 @@ class RegistryServiceStub:
 class RegistryServiceServicer:
     """RegistryService keeps the cluster state in etcd: nodes and their GPUs
     (bound to the node's lease: a lost lease is a lost node), exclusive GPU
-    claims, and a watch stream of every change. Jobs are the planner's
+    claims and allocations (both written by the planner alone), and a watch
+    stream of every change. Jobs are the planner's
     (PlannerService.ListJobs).
     """
 
@@ -128,21 +120,6 @@ class RegistryServiceServicer:
 
     def ListNodes(self, request, context):
         """Returns every live node.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ClaimGpus(self, request, context):
-        """Claims GPUs for a job, all or nothing. FAILED_PRECONDITION naming the
-        owner of the first GPU already taken by another job.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ReleaseGpus(self, request, context):
-        """Releases the job's claims on the given GPUs (claims of other jobs stay).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -199,16 +176,6 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     request_deserializer=omru_dot_v1_dot_registry__pb2.ListNodesRequest.FromString,
                     response_serializer=omru_dot_v1_dot_registry__pb2.ListNodesResponse.SerializeToString,
             ),
-            'ClaimGpus': grpc.unary_unary_rpc_method_handler(
-                    servicer.ClaimGpus,
-                    request_deserializer=omru_dot_v1_dot_registry__pb2.ClaimGpusRequest.FromString,
-                    response_serializer=omru_dot_v1_dot_registry__pb2.ClaimGpusResponse.SerializeToString,
-            ),
-            'ReleaseGpus': grpc.unary_unary_rpc_method_handler(
-                    servicer.ReleaseGpus,
-                    request_deserializer=omru_dot_v1_dot_registry__pb2.ReleaseGpusRequest.FromString,
-                    response_serializer=omru_dot_v1_dot_registry__pb2.ReleaseGpusResponse.SerializeToString,
-            ),
             'ListClaims': grpc.unary_unary_rpc_method_handler(
                     servicer.ListClaims,
                     request_deserializer=omru_dot_v1_dot_registry__pb2.ListClaimsRequest.FromString,
@@ -235,7 +202,8 @@ def add_RegistryServiceServicer_to_server(servicer, server):
 class RegistryService:
     """RegistryService keeps the cluster state in etcd: nodes and their GPUs
     (bound to the node's lease: a lost lease is a lost node), exclusive GPU
-    claims, and a watch stream of every change. Jobs are the planner's
+    claims and allocations (both written by the planner alone), and a watch
+    stream of every change. Jobs are the planner's
     (PlannerService.ListJobs).
     """
 
@@ -364,60 +332,6 @@ class RegistryService:
             '/omru.v1.RegistryService/ListNodes',
             omru_dot_v1_dot_registry__pb2.ListNodesRequest.SerializeToString,
             omru_dot_v1_dot_registry__pb2.ListNodesResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ClaimGpus(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/omru.v1.RegistryService/ClaimGpus',
-            omru_dot_v1_dot_registry__pb2.ClaimGpusRequest.SerializeToString,
-            omru_dot_v1_dot_registry__pb2.ClaimGpusResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ReleaseGpus(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/omru.v1.RegistryService/ReleaseGpus',
-            omru_dot_v1_dot_registry__pb2.ReleaseGpusRequest.SerializeToString,
-            omru_dot_v1_dot_registry__pb2.ReleaseGpusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,11 +25,8 @@ DEFAULT_DEADLINE_S = 5.0
 #: Methods safe to retry after UNAVAILABLE: reads, and writes that are
 #: idempotent by contract (same request twice = same effect).
 IDEMPOTENT_METHODS: dict[str, tuple[str, ...]] = {
-    "omru.v1.RegistryService": (
-        "KeepAliveNode", "DeregisterNode", "GetNode", "ListNodes", "ClaimGpus",
-        "ReleaseGpus", "ListClaims",
-    ),
-    "omru.v1.ExecutorService": ("StartJob", "ResizeJob", "StopJob", "GetJobs"),
+    "omru.v1.RegistryService": ("KeepAliveNode", "DeregisterNode", "GetNode", "ListNodes", "ListClaims"),
+    "omru.v1.ExecutorService": ("GetJobs",),
     "omru.v1.ProfilerService": ("GetProfile",),
     "omru.v1.PlannerService": ("SubmitJobs", "CancelJob", "GetPlan", "ListJobs", "GetReport"),
     "grpc.health.v1.Health": ("Check",),

@@ -59,8 +59,7 @@ def _real_folder(name: str, value) -> Path:
     return Path(os.path.realpath(value))
 
 
-#: Identities (certificate CN and DNS SAN, see deploy/make-certs.sh) of the services.
-PLANNER_IDENTITY = "omru-planner"
+#: Identity (certificate CN and DNS SAN, see deploy/make-certs.sh) of the registry.
 REGISTRY_IDENTITY = "omru-registry"
 
 
@@ -213,7 +212,6 @@ class ExecutorConfig:
     work_dir: Path | None = None
     max_restarts: int = 2
     warm_workers: bool = True  # a worker with torch imported waits on each device (no import at job start)
-    planner_identity: str = PLANNER_IDENTITY  # with mutual TLS: who may send directives
     registry_identity: str = REGISTRY_IDENTITY  # with mutual TLS: whose allocations the node follows
     checkpoint_root: Path | None = None  # directives' checkpoint folders lie under it; None = default_checkpoint_root()
     data_roots: tuple[Path, ...] = ()  # imagefolder:/clips: folders lie under one; () = built-in data sets only
@@ -224,7 +222,6 @@ class ExecutorConfig:
                            _real_folder("checkpoint_root", self.checkpoint_root or default_checkpoint_root()))
         object.__setattr__(self, "data_roots", tuple(_real_folder("data root", r) for r in self.data_roots))
         check_id("node_id", self.node_id)
-        check_id("planner_identity", self.planner_identity)
         check_id("registry_identity", self.registry_identity)
         if not isinstance(self.max_restarts, int) or not 0 <= self.max_restarts <= 100:
             raise ConfigError(f"max_restarts {self.max_restarts!r} is not in 0..100")

@@ -231,14 +231,12 @@ class EtcdStore:
         put = rpc.RequestOp(request_put=rpc.PutRequest(key=self._key(key), value=value, lease=lease))
         return (await self._txn([], [put], [], f"put {key}", "put")).header.revision
 
-    async def create(self, items: Mapping[str, bytes], lease: int | Mapping[str, int] = 0) -> TxnResult:
-        """Create every key, all or nothing: fails (writing nothing) when any exists.
+    async def create(self, items: Mapping[str, bytes], lease: int = 0) -> TxnResult:
+        """Create every key (bound to lease), all or nothing: fails (writing nothing) when any exists.
 
-        lease: one lease for every key, or a lease per key. On failure
-        `existing` holds the keys that already exist. LeaseNotFound when a
-        lease is gone."""
-        leases = lease if isinstance(lease, Mapping) else {k: lease for k in items}
-        return await self.commit({k: (v, leases.get(k, 0)) for k, v in items.items()}, absent=list(items))
+        On failure `existing` holds the keys that already exist. LeaseNotFound
+        when the lease is gone."""
+        return await self.commit({k: (v, lease) for k, v in items.items()}, absent=list(items))
 
     async def commit(self, puts: Mapping[str, tuple[bytes, int]] = {}, deletes: Sequence[str] = (),
                      absent: Sequence[str] = ()) -> TxnResult:

@@ -4,9 +4,9 @@
 returned), adds the health and reflection services, optional TLS (mutual
 when the config names a CA: clients without a certificate it signed are
 refused in the handshake) and an optional bearer-token interceptor.
-`peer_identities` tells a servicer who (which certificate) is calling. `serve_forever` prints one JSON ready
-line on stdout (what `omru up` waits for), then runs until SIGTERM/SIGINT and
-stops gracefully (health NOT_SERVING first, then a grace period).
+`serve_forever` prints one JSON ready line on stdout (what `omru up` waits
+for), then runs until SIGTERM/SIGINT and stops gracefully (health
+NOT_SERVING first, then a grace period).
 """
 
 from __future__ import annotations
@@ -81,13 +81,6 @@ def _deny(handler: grpc.RpcMethodHandler, method: str, what: str) -> grpc.RpcMet
     }
     make = kinds[(handler.request_streaming, handler.response_streaming)]
     return make(refuse, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
-
-
-def peer_identities(context: grpc.aio.ServicerContext) -> tuple[str, ...]:
-    """The names of the caller's verified certificate: its CN, then its SANs (empty without mutual TLS)."""
-    auth = context.auth_context()
-    names = [*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())]
-    return tuple(dict.fromkeys(n.decode() if isinstance(n, bytes) else n for n in names))
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Proto <-> executor dataclasses: directives in, events and jobs out.
+"""Proto <-> executor dataclasses: allocations (Directive) in, events and jobs out.
 
 JobSpec -> TrainSpec keeps every value as sent, except where the proto says
 0 means "not set": image_size 0 = 32, base_batch 0 = batch_size (so lr =
@@ -22,7 +22,7 @@ from omru.spec import shown
 from omru.v1 import common_pb2, executor_pb2
 from services.common.config import default_checkpoint_root
 from services.executor.state import JobState
-from services.executor.supervisor import Directive, DirectiveError, DirectiveKind, Event, EventKind, Gpu, JobView
+from services.executor.supervisor import Directive, DirectiveError, Event, EventKind, Gpu, JobView
 from services.executor.worker.spec import BUILTIN_DATASETS, ProfileSpec, SpecError, TrainSpec, dataset_folder
 from services.registry import validation
 
@@ -34,11 +34,6 @@ DEFAULT_MEASURE_ITERS = 10
 #: Characters of a path an error message shows (paths run longer than other values).
 PATH_SHOWN = 256
 
-_KINDS = {
-    executor_pb2.DIRECTIVE_KIND_START: DirectiveKind.START,
-    executor_pb2.DIRECTIVE_KIND_RESIZE: DirectiveKind.RESIZE,
-    executor_pb2.DIRECTIVE_KIND_STOP: DirectiveKind.STOP,
-}
 _EVENT_KINDS = {
     EventKind.STARTED: executor_pb2.EXECUTOR_EVENT_KIND_STARTED,
     EventKind.EPOCH_DONE: executor_pb2.EXECUTOR_EVENT_KIND_EPOCH_DONE,
@@ -120,20 +115,15 @@ def profile_spec(options: executor_pb2.ProfileOptions, field: str = "directive.p
         raise DirectiveError(f"{field}.{exc.field.removeprefix('profile.')}", str(exc).split(": ", 1)[1]) from None
 
 
-def directive(d: executor_pb2.Directive, rpc_kind: int | None = None, roots: Roots | None = None) -> Directive:
-    """The Directive of a StartJob/ResizeJob/StopJob request (rpc_kind: the RPC's DirectiveKind; an
-    unset kind means that one) or of a streamed directive (rpc_kind None: kind must be set), with its
-    folders confined to the node's roots (None: the default checkpoint root, no data root)."""
+def directive(d: executor_pb2.Directive, roots: Roots | None = None) -> Directive:
+    """The Directive of a node's allocation (kind START or RESIZE: both name the attempt to run; its
+    removal stops the job), with its folders confined to the node's roots (None: the default checkpoint
+    root, no data root)."""
     _problem(validation.id_problem("directive.directive_id", d.directive_id))
-    kind = d.kind or rpc_kind
-    if kind not in _KINDS:
-        raise DirectiveError("directive.kind", f"{d.kind} is not START, RESIZE or STOP")
-    if rpc_kind is not None and kind != rpc_kind:
-        raise DirectiveError("directive.kind", f"{executor_pb2.DirectiveKind.Name(d.kind)} sent to the "
-                             f"{executor_pb2.DirectiveKind.Name(rpc_kind)} call")
+    if d.kind not in (executor_pb2.DIRECTIVE_KIND_START, executor_pb2.DIRECTIVE_KIND_RESIZE):
+        raise DirectiveError("directive.kind", f"{d.kind} is not START or RESIZE (an allocation names the "
+                             f"attempt to run; removing it stops the job)")
     _problem(validation.id_problem("directive.job.job_id", d.job.job_id))
-    if kind == executor_pb2.DIRECTIVE_KIND_STOP:
-        return Directive(d.directive_id, DirectiveKind.STOP, d.job.job_id)
     spec = train_spec(d.job)
     _problem(validation.gpu_refs_problem("directive.gpus", d.gpus))
     if d.rendezvous_endpoint:  # port 0: rank 0 picks it (see AttemptSpec)
@@ -144,7 +134,7 @@ def directive(d: executor_pb2.Directive, rpc_kind: int | None = None, roots: Roo
     checkpoint_dir = _check_paths(d, spec, roots or Roots())
     profile = profile_spec(d.profile) if d.HasField("profile") else None
     return Directive(
-        directive_id=d.directive_id, kind=_KINDS[kind], job_id=spec.job_id, spec=spec,
+        directive_id=d.directive_id, job_id=spec.job_id, spec=spec,
         gpus=tuple(Gpu(g.node_id, g.index) for g in d.gpus), rendezvous=d.rendezvous_endpoint,
         attempt_id=d.attempt_id, checkpoint_dir=checkpoint_dir, profile=profile)
 

@@ -17,7 +17,7 @@ from services.common import gpus
 from services.common.channels import open_channel
 from services.common.server import RunningServer, Service, run_main, serve_forever, service_name, start_server
 from services.executor.convert import Roots
-from services.executor.servicer import AllocationWatch, ExecutorServicer, RegistryClaims, devices_of
+from services.executor.servicer import AllocationWatch, ExecutorServicer, RegistryNodes, devices_of
 from services.executor.supervisor import Supervisor
 from services.registry.membership import NodeMembership
 
@@ -30,9 +30,8 @@ async def start(config: cfg.ExecutorConfig, servicer=None, runtime=None,
     keeps the node's workers at its allocations (AllocationWatch; the lease
     file the workers read follows the node's lease, and a lost lease ends
     every allocated job at once; profiling trials are allocations too);
-    directives sent by call claim their GPUs through the registry. With
-    mutual TLS those are accepted only from the planner's identity, and
-    name folders only under the config's checkpoint root and data roots.
+    allocations name folders only under the config's checkpoint root and
+    data roots.
     Stopping the server stops the watch, then every worker, then
     deregisters the node. runtime and node_gpus replace the worker processes
     and the detected GPUs (the emulated cluster, services/executor/emulated.py).
@@ -45,10 +44,10 @@ async def start(config: cfg.ExecutorConfig, servicer=None, runtime=None,
                            server_name=config.registry_identity if tls is not None else "")
     supervisor = None
     if servicer is None:
-        supervisor = Supervisor(config.node_id, devices_of(node_gpus), RegistryClaims(channel),
+        supervisor = Supervisor(config.node_id, devices_of(node_gpus), RegistryNodes(channel),
                                 work_dir=config.work_dir, max_restarts=config.max_restarts,
                                 warm_workers=config.warm_workers, runtime=runtime)
-        servicer = ExecutorServicer(supervisor, config.planner_identity if tls is not None else None, roots=roots)
+        servicer = ExecutorServicer(supervisor)
     service = Service(executor_pb2_grpc.add_ExecutorServiceServicer_to_server, servicer, service_name(executor_pb2, "ExecutorService"))
     running = await start_server(config.server, [service])
     host = config.advertise_host or (config.server.host if config.server.host not in ("0.0.0.0", "[::]") else socket.gethostname())
@@ -105,8 +104,6 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
     parser.add_argument("--max-restarts", type=int, default=2, help="restarts of a job after worker failures before it fails")
     parser.add_argument("--no-warm-workers", action="store_true",
                         help="start every worker cold (default: one waits per device with torch imported)")
-    parser.add_argument("--planner-identity", default=cfg.PLANNER_IDENTITY,
-                        help="with --tls-ca: certificate name (CN/SAN) of the planner, the only sender of directives")
     parser.add_argument("--registry-identity", default=cfg.REGISTRY_IDENTITY,
                         help="with --tls-ca: certificate name of the registry, whose allocations this node follows")
     args = parser.parse_args(argv)
@@ -120,7 +117,6 @@ def parse_config(argv: list[str] | None, env) -> cfg.ExecutorConfig:
         work_dir=Path(args.work_dir) if args.work_dir else None,
         max_restarts=args.max_restarts,
         warm_workers=not args.no_warm_workers,
-        planner_identity=args.planner_identity,
         registry_identity=args.registry_identity,
         checkpoint_root=args.checkpoint_root,
         data_roots=cfg.split_roots(args.data_roots),

@@ -1,17 +1,15 @@
 """omru.v1.ExecutorService: thin gRPC layer over `services.executor.supervisor`.
 
-Requests are converted (`convert`), handed to the `Supervisor`, answers
-converted back. `DirectiveError` -> INVALID_ARGUMENT naming the field,
-`ConflictError` -> FAILED_PRECONDITION, registry outages -> UNAVAILABLE; a
-refused directive changes nothing. Directives name folders only under the
-node's `convert.Roots` (checkpoint root, data roots). With mutual TLS, directives come only
-from the planner's certificate identity; any other caller gets
-PERMISSION_DENIED naming the identity it presented. `AllocationWatch` keeps
-the node's workers at the allocations the planner wrote for it (the planner
-holds their GPU claims; profiling trials are such allocations too).
-`RegistryClaims` is GPU ownership through the registry for directives sent
-by call (StartJob/ResizeJob/StopJob, which the planner itself no longer
-sends: operators and tests).
+`AllocationWatch` keeps the node's workers at the allocations the planner
+wrote for it (the planner holds their GPU claims; profiling trials are such
+allocations too): the one way work reaches an executor. An allocation the
+supervisor refuses (`DirectiveError` naming the field, `ConflictError`)
+changes nothing and is reported as a FAILED event (`is_refusal`).
+Allocations name folders only under the node's `convert.Roots` (checkpoint
+root, data roots). The service itself only answers what runs (GetJobs),
+what happened (WatchEvents) and what the workers printed (GetLogs).
+`RegistryNodes` tells the supervisor which nodes are alive (a job's ranks on
+a lost node end its attempt at once).
 """
 
 from __future__ import annotations
@@ -25,14 +23,13 @@ import grpc
 from omru.v1 import common_pb2, executor_pb2, executor_pb2_grpc, registry_pb2, registry_pb2_grpc
 from services.common.errors import abort, abort_invalid
 from services.common.logging import get_logger
-from services.common.server import peer_identities
 from services.executor import convert
 from services.executor.logs import LogError
-from services.executor.supervisor import ConflictError, DirectiveError, EventKind, Gpu, Supervisor
+from services.executor.supervisor import ConflictError, DirectiveError, EventKind, Supervisor
 
 log = get_logger(__name__)
 
-#: Deadline of each registry call made on behalf of a directive.
+#: Deadline of each registry call of a Supervisor.
 REGISTRY_DEADLINE_S = 5.0
 
 
@@ -46,29 +43,12 @@ def is_refusal(message: str) -> bool:
     return message.startswith("directive '") and f"' {REFUSED}: " in message
 
 
-class RegistryUnavailable(RuntimeError):
-    """The registry did not answer; the directive can be retried."""
-
-
-class RegistryClaims:
-    """GPU claims in the registry (ClaimGpus / ReleaseGpus) and the nodes it lists, for a Supervisor."""
+class RegistryNodes:
+    """The nodes the registry lists (ListNodes), for a Supervisor."""
 
     def __init__(self, channel: grpc.aio.Channel, deadline_s: float = REGISTRY_DEADLINE_S) -> None:
         self.stub = registry_pb2_grpc.RegistryServiceStub(channel)
         self.deadline_s = deadline_s
-
-    async def claim(self, job_id: str, gpus: Sequence[Gpu]) -> None:
-        request = registry_pb2.ClaimGpusRequest(job_id=job_id, gpus=[convert.gpu_ref(g) for g in gpus])
-        try:
-            await self.stub.ClaimGpus(request, timeout=self.deadline_s)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
-                raise ConflictError(f"GPUs of job {job_id!r} cannot be claimed: {exc.details()}") from None
-            raise RegistryUnavailable(f"registry ClaimGpus failed: {exc.code().name}: {exc.details()}") from None
-
-    async def release(self, job_id: str, gpus: Sequence[Gpu]) -> None:
-        request = registry_pb2.ReleaseGpusRequest(job_id=job_id, gpus=[convert.gpu_ref(g) for g in gpus])
-        await self.stub.ReleaseGpus(request, timeout=self.deadline_s)
 
     async def nodes(self) -> set[str]:
         listing = await self.stub.ListNodes(registry_pb2.ListNodesRequest(), timeout=self.deadline_s)
@@ -81,52 +61,10 @@ def devices_of(gpus: Sequence[common_pb2.GpuInfo]) -> dict[int, str]:
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
-    """omru.v1.ExecutorService of one node.
+    """omru.v1.ExecutorService of one node."""
 
-    planner_identity (set with mutual TLS): the certificate name directives
-    must come from (profiling trials too: the planner allocates them); roots:
-    the folders directives may name (None: `convert.Roots()`)."""
-
-    def __init__(self, supervisor: Supervisor, planner_identity: str | None = None,
-                 roots: convert.Roots | None = None) -> None:
+    def __init__(self, supervisor: Supervisor) -> None:
         self.supervisor = supervisor
-        self.planner_identity = planner_identity
-        self.roots = roots or convert.Roots()
-
-    async def _check_sender(self, request, context) -> None:
-        if self.planner_identity is None:
-            return
-        names = peer_identities(context)
-        if self.planner_identity in names:
-            return
-        await abort(context, grpc.StatusCode.PERMISSION_DENIED,
-                    f"directive {request.directive.directive_id!r} refused: sent by {names[0] if names else 'no certificate'!r}; "
-                    f"directives come only from {self.planner_identity!r}")
-
-    async def _apply(self, request, context, rpc_kind: int) -> bool:
-        await self._check_sender(request, context)  # before anything of the request is looked at
-        if not request.HasField("directive"):
-            await abort_invalid(context, "directive", "is required")
-        try:
-            return await self.supervisor.apply(convert.directive(request.directive, rpc_kind, self.roots))
-        except DirectiveError as exc:
-            await abort_invalid(context, exc.field, str(exc).split(": ", 1)[1])
-        except ConflictError as exc:
-            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except RegistryUnavailable as exc:
-            await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
-
-    async def StartJob(self, request, context):
-        duplicate = await self._apply(request, context, executor_pb2.DIRECTIVE_KIND_START)
-        return executor_pb2.StartJobResponse(duplicate=duplicate)
-
-    async def ResizeJob(self, request, context):
-        duplicate = await self._apply(request, context, executor_pb2.DIRECTIVE_KIND_RESIZE)
-        return executor_pb2.ResizeJobResponse(duplicate=duplicate)
-
-    async def StopJob(self, request, context):
-        duplicate = await self._apply(request, context, executor_pb2.DIRECTIVE_KIND_STOP)
-        return executor_pb2.StopJobResponse(duplicate=duplicate)
 
     async def GetJobs(self, request, context):
         return executor_pb2.GetJobsResponse(node_id=self.supervisor.node_id,
@@ -215,14 +153,14 @@ class AllocationWatch:
         if response.snapshot:
             wanted = {d.job.job_id for d in response.allocations}
             removed += [j for j in self.desired if j not in wanted]
-            removed += [v.job_id for v in self.supervisor.jobs() if v.allocated and v.state.active and v.job_id not in wanted]
+            removed += [v.job_id for v in self.supervisor.jobs() if v.state.active and v.job_id not in wanted]
         for job_id in dict.fromkeys(removed):
             gone = self.desired.pop(job_id, None)
             await self.supervisor.deallocate(job_id, [convert.gpu(g) for g in gone.gpus] if gone else [])
         for d in response.allocations:
             self.desired[d.job.job_id] = d
             try:
-                await self.supervisor.allocate(convert.directive(d, roots=self.roots))
+                await self.supervisor.allocate(convert.directive(d, self.roots))
             except (DirectiveError, ConflictError) as exc:
                 log.warning("allocation_refused", attempt_id=d.attempt_id, job_id=d.job.job_id, error=str(exc))
                 self.supervisor.events.append(d.job.job_id, EventKind.FAILED, attempt_id=d.attempt_id,

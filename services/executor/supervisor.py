@@ -1,4 +1,4 @@
-"""The jobs of one executor node: directives in, worker processes and events out.
+"""The jobs of one executor node: allocations in, worker processes and events out.
 
 `Supervisor` keeps, per job, the local part of its current attempt (the
 ranks whose GPU lives on this node), starts them with
@@ -8,7 +8,7 @@ when the workers exit. Deciding is the pure function `decide`; doing it is
 `Supervisor._after_exit`.
 
 A job may span executors: each executor starts only its own ranks; rank 0
-hosts the c10d TCPStore at the directive's rendezvous endpoint; every rank of
+hosts the c10d TCPStore at the allocation's rendezvous endpoint; every rank of
 an attempt uses the store under the prefix ``attempt_id`` (restart n after a
 worker failure uses the prefix ``<attempt_id>.r<n>``; events and GetJobs keep
 naming the directive's ``attempt_id``), and all ranks share the checkpoint
@@ -16,20 +16,22 @@ folder. Only the node that hosts rank 0 sees the per-epoch
 records, so only it emits EPOCH_DONE, FINISHED and PROFILED; every node
 emits STARTED, GPUS_RELEASED and FAILED for its own ranks.
 
-Directives (`apply`, idempotent on directive_id, one at a time):
+The node's allocations (written by the planner, which alone claims and
+releases the GPUs; services/executor/servicer.py `AllocationWatch` follows
+them), one change at a time:
 
-START   claim the local GPUs in the registry (all or nothing), launch.
-RESIZE  (or START while the job is STOPPING here: the stop turns into a move)
-        claim the new local GPUs, ask the workers to stop at the end of the
-        current epoch (they checkpoint first), then release the GPUs that
-        are not in the new set (GPUS_RELEASED, which also names the GPUs the
-        old attempt hands to the new one) and start the new attempt from
-        the checkpoint. A node with no rank in the new set stops its ranks and
-        releases all its GPUs; a node with no rank in the old set starts its
-        new ranks at once (they wait in the rendezvous for the others).
-STOP    ask the workers to stop at the end of the current epoch, release.
+allocate    (idempotent on directive_id and on the attempt) a job not
+            running here starts; a job running another attempt moves: the
+            workers stop at the end of the current epoch (they checkpoint
+            first), the GPUs not in the new set are released (GPUS_RELEASED,
+            which also names the GPUs the old attempt hands to the new one)
+            and the new attempt starts from the checkpoint. A node with no
+            rank in the new set stops its ranks and releases all its GPUs; a
+            node with no rank in the old set starts its new ranks at once
+            (they wait in the rendezvous for the others).
+deallocate  the workers stop at the end of the current epoch, release.
 
-A stop or resize of an attempt with ranks on a node the registry no longer
+A stop or move of an attempt with ranks on a node the registry no longer
 lists terminates the local workers at once (that epoch cannot finish).
 
 A worker that dies makes the others stop (`WorkerGroup`); the job restarts
@@ -44,9 +46,9 @@ A script job (its own command instead of a model of the zoo) runs the same
 way; as the executor sees only its exit when it does not use omru.elastic,
 it counts as STARTED once its processes run and as FINISHED when they all
 exit 0, and a stop or resize terminates it (it resumes from its own
-checkpoint). Bad directives raise `DirectiveError`
-(field + problem; the servicer answers INVALID_ARGUMENT) or `ConflictError`
-(FAILED_PRECONDITION) before anything changes.
+checkpoint). A bad allocation raises `DirectiveError` (field + problem) or
+`ConflictError` before anything changes (the servicer reports it as a FAILED
+event).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator, Protocol, Sequence
 
@@ -102,33 +104,24 @@ class Gpu:
         return f"{self.node_id}:{self.index}"
 
 
-class DirectiveKind(str, enum.Enum):
-    START = "start"
-    RESIZE = "resize"
-    STOP = "stop"
-
-
 @dataclass(frozen=True)
 class Directive:
-    """What to do with one job (see executor.proto Directive).
+    """The attempt of one job a node's allocation names (see executor.proto Directive).
 
     rendezvous "" = this executor picks a free local port at every launch
     (only for jobs whose ranks all live here); "host:0" = rank 0 binds a port
     of its choice and publishes it in checkpoint_dir (AttemptSpec); attempt_id "" = a fresh one;
-    checkpoint_dir "" = the executor's own folder for the job. spec is None
-    for STOP.
+    checkpoint_dir "" = the executor's own folder for the job.
     """
 
     directive_id: str
-    kind: DirectiveKind
     job_id: str
-    spec: TrainSpec | None = None
+    spec: TrainSpec
     gpus: tuple[Gpu, ...] = ()
     rendezvous: str = ""
     attempt_id: str = ""
     checkpoint_dir: str = ""
     profile: ProfileSpec | None = None
-    allocated: bool = False  # from the node's allocation: the planner holds the GPU claims
 
 
 class EventKind(str, enum.Enum):
@@ -184,7 +177,6 @@ class JobView:
     profile: bool
     worker_pids: tuple[int, ...]
     message: str
-    allocated: bool = False
 
 
 class DirectiveError(ValueError):
@@ -196,7 +188,7 @@ class DirectiveError(ValueError):
 
 
 class ConflictError(RuntimeError):
-    """A directive that clashes with what runs (GPU owned by another job, job already running)."""
+    """An allocation that clashes with what runs here (GPU held by another job, a trial moved)."""
 
 
 class Runtime(Protocol):
@@ -236,14 +228,8 @@ class WorkerProcesses:
         return ""
 
 
-class GpuClaims(Protocol):
-    """GPU ownership (the registry): all-or-nothing claims per job."""
-
-    async def claim(self, job_id: str, gpus: Sequence[Gpu]) -> None:
-        """Claim the GPUs for the job; ConflictError naming the owner when one is taken."""
-
-    async def release(self, job_id: str, gpus: Sequence[Gpu]) -> None:
-        """Give the job's claims on the GPUs back."""
+class Nodes(Protocol):
+    """The nodes of the cluster (the registry)."""
 
     async def nodes(self) -> set[str]:
         """Ids of the nodes alive now (their lease holds)."""
@@ -354,7 +340,6 @@ class _Job:
     group: WorkerGroup | None = None
     task: asyncio.Task | None = None
     pending: Directive | None = None
-    allocated: bool = False  # run for the node's allocation (the planner claims and releases its GPUs)
     started_ranks: set[int] = field(default_factory=set)
     note: str = ""
     message: str = ""
@@ -376,9 +361,9 @@ def local_ranks(gpus: Sequence[Gpu], node_id: str) -> list[int]:
 
 
 class Supervisor:
-    """Runs the directives of one node; see the module docstring."""
+    """Runs the allocations of one node; see the module docstring."""
 
-    def __init__(self, node_id: str, devices: dict[int, str], claims: GpuClaims, work_dir: str | os.PathLike | None = None,
+    def __init__(self, node_id: str, devices: dict[int, str], registry: Nodes, work_dir: str | os.PathLike | None = None,
                  max_restarts: int = 2, grace_s: float = 5.0, python: str = sys.executable,
                  rendezvous_timeout_s: float = 300.0, host: str = "127.0.0.1", warm_workers: bool = False,
                  runtime: Runtime | None = None) -> None:
@@ -389,7 +374,7 @@ class Supervisor:
             raise ValueError(f"max_restarts {max_restarts!r} is negative")
         self.node_id = node_id
         self.devices = dict(devices)
-        self.claims = claims
+        self.registry = registry
         self.max_restarts = max_restarts
         self.grace_s = grace_s
         self.pool = WarmPool(python) if warm_workers and runtime is None else None
@@ -417,7 +402,7 @@ class Supervisor:
                 await self.pool.prepare(worker_env(dict(os.environ), device))
 
     def renewed(self, deadline_unix_s: float) -> None:
-        """The node's lease surely holds until deadline_unix_s: the ranks of allocated jobs read it (and
+        """The node's lease surely holds until deadline_unix_s: the ranks read it (and
         stop without checkpointing once it passed, as when this executor is paused or killed)."""
         self._lease.write(deadline_unix_s)
 
@@ -444,55 +429,43 @@ class Supervisor:
         pids = tuple(p.pid for r, p in sorted(group.procs.items()) if p.returncode is None) if group and job.state.active else ()
         return JobView(job.job_id, job.state, job.attempt_base,
                        tuple(job.gpus[r] for r in local_ranks(job.gpus, self.node_id)), len(job.gpus),
-                       job.epochs_done, job.restarts, job.profile is not None, pids, job.message, job.allocated)
+                       job.epochs_done, job.restarts, job.profile is not None, pids, job.message)
 
-    # --- directives ------------------------------------------------------------------
+    # --- allocations -----------------------------------------------------------------
 
-    async def apply(self, directive: Directive) -> bool:
-        """Carry the directive out; True when its id was seen before (nothing redone)."""
+    async def allocate(self, d: Directive) -> None:
+        """Bring the job to the attempt its allocation names (idempotent on directive_id and on the
+        attempt): start it, or move it at its next epoch boundary when another attempt runs here.
+        DirectiveError / ConflictError: refused, nothing changed."""
         if self._closing:
             raise ConflictError(f"executor of node {self.node_id} is shutting down")
         async with self._lock:
-            if directive.directive_id in self._seen:
-                return True
-            job = self._jobs.get(directive.job_id)
-            if not directive.allocated and job is not None and job.allocated and job.state.active:
-                # (a StopJob the planner did not send would leave it thinking the job still runs)
-                raise ConflictError(f"job {directive.job_id!r} runs for the planner's allocation of node "
-                                    f"{self.node_id}; stop or move it through the planner (CancelJob)")
-            handler = {DirectiveKind.START: self._start, DirectiveKind.RESIZE: self._resize,
-                       DirectiveKind.STOP: self._stop}[directive.kind]
-            await handler(directive)
-            self._seen[directive.directive_id] = None
+            job = self._jobs.get(d.job_id)
+            if d.directive_id in self._seen or job is not None and job.state.active and d.attempt_id in (
+                    job.attempt_base, job.pending.attempt_id if job.pending else None):
+                return
+            await self._move(d)
+            self._seen[d.directive_id] = None
             while len(self._seen) > SEEN_DIRECTIVES:
                 self._seen.popitem(last=False)
-            return False
-
-    async def allocate(self, d: Directive) -> None:
-        """Bring the job to the attempt its allocation names (idempotent): start it, or move it at its
-        next epoch boundary when another attempt runs here. DirectiveError / ConflictError: refused."""
-        job = self._jobs.get(d.job_id)
-        if job is not None and job.state.active and d.attempt_id in (
-                job.attempt_base, job.pending.attempt_id if job.pending else None):
-            return
-        await self.apply(replace(d, kind=DirectiveKind.RESIZE, allocated=True))
 
     async def deallocate(self, job_id: str, gpus: Sequence[Gpu]) -> None:
         """The job's allocation of this node is gone: stop it at its next epoch boundary (a profiling
         trial: at once, inside its timed iterations); when nothing of it runs here, report its GPUs
         (those of the allocation) as released at once."""
-        job = self._jobs.get(job_id)
-        if job is not None and job.state.active:
-            await self.apply(Directive(f"{job.attempt_base}-deallocated", DirectiveKind.STOP, job_id, allocated=True))
-        elif gpus and (job is None or not job.state.active):
-            self.events.append(job_id, EventKind.GPUS_RELEASED, gpus=tuple(g for g in gpus if g.node_id == self.node_id),
-                               message="allocation removed before it ran here")
+        async with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None and job.state.active:
+                await self._stop(job)
+            elif gpus:
+                self.events.append(job_id, EventKind.GPUS_RELEASED, gpus=tuple(g for g in gpus if g.node_id == self.node_id),
+                                   message="allocation removed before it ran here")
 
     async def fence(self, why: str) -> None:
-        """The node's lease is lost (the planner gives its GPUs to others): end every allocated job at
-        once, without another checkpoint, so nothing trains on after it."""
+        """The node's lease is lost (the planner gives its GPUs to others): end every job at once,
+        without another checkpoint, so nothing trains on after it."""
         async with self._lock:
-            for job in [j for j in self._jobs.values() if j.allocated and j.state.active]:
+            for job in [j for j in self._jobs.values() if j.state.active]:
                 job.pending = None
                 if job.state is not JobState.STOPPING:
                     job.move(JobState.STOPPING, why)
@@ -549,17 +522,7 @@ class Supervisor:
         return d.checkpoint_dir or str(self.work_dir / "jobs" / d.job_id / "checkpoints")
 
     async def _start(self, d: Directive) -> None:
-        job = self._jobs.get(d.job_id)
-        if job is not None and job.state is JobState.STOPPING and job.profile is None and d.profile is None:
-            await self._resize(d)  # started again before its stop drained (a peer node was lost): move once stopped
-            return
-        if job is not None and job.state.active:
-            raise ConflictError(f"job {d.job_id!r} already runs on node {self.node_id} (state {job.state}); "
-                                f"send RESIZE or STOP")
-        mine = self._local(d)
-        if not mine:
-            raise DirectiveError("directive.gpus", f"names no GPU of node {self.node_id}")
-        gpus = [g for _, g in mine]
+        gpus = [g for _, g in self._local(d)]
         self._check_free(d.job_id, gpus)
         if d.spec.workdir and not os.path.isdir(d.spec.workdir):
             raise DirectiveError("directive.job.workdir", f"{d.spec.workdir!r} is not a folder on node {self.node_id}")
@@ -567,14 +530,13 @@ class Supervisor:
         checkpoint_dir = self._checkpoint_dir(d, attempt_base)
         if d.profile is None:
             await self._check_checkpoint(d.spec, checkpoint_dir)
-        if not d.allocated:
-            await self.claims.claim(d.job_id, gpus)
         job = _Job(spec=d.spec, gpus=d.gpus, rendezvous=d.rendezvous, attempt_base=attempt_base,
-                   checkpoint_dir=checkpoint_dir, profile=d.profile, allocated=d.allocated)
+                   checkpoint_dir=checkpoint_dir, profile=d.profile)
         self._jobs[d.job_id] = job
         job.task = asyncio.get_running_loop().create_task(self._run(job), name=f"job-{d.job_id}")
 
-    async def _resize(self, d: Directive) -> None:
+    async def _move(self, d: Directive) -> None:
+        """Start the job on d (when nothing of it runs here), or move it to d at its next epoch boundary."""
         job = self._jobs.get(d.job_id)
         if job is None or not job.state.active:
             if local_ranks(d.gpus, self.node_id):
@@ -586,27 +548,24 @@ class Supervisor:
             raise DirectiveError("directive.job", f"differs from the running job {d.job_id!r} (model, classes or input)")
         new = [g for _, g in self._local(d)]
         self._check_free(d.job_id, new)
-        if new and not d.allocated:
-            await self.claims.claim(d.job_id, new)
         previous = job.pending
         job.pending = d
-        if previous is not None:  # a newer resize replaces a pending one
-            await self._release(job, [g for g in previous.gpus if g.node_id == self.node_id
-                                      and g not in job.gpus and g not in new])
+        if previous is not None:  # a newer allocation replaces a pending one
+            self._release(job, [g for g in previous.gpus if g.node_id == self.node_id
+                                and g not in job.gpus and g not in new])
         if job.state is not JobState.RESIZING:
-            job.move(JobState.RESIZING, f"resize to {len(d.gpus)} GPUs requested by {d.directive_id}")
+            job.move(JobState.RESIZING, f"moving to {len(d.gpus)} GPUs for {d.directive_id}")
         if job.group is not None:
             job.group.request_stop()
             await self._stop_now_if_a_peer_is_lost(job)
 
-    async def _stop(self, d: Directive) -> None:
-        job = self._jobs.get(d.job_id)
-        if job is None or not job.state.active or job.state is JobState.STOPPING:
+    async def _stop(self, job: _Job) -> None:
+        if job.state is JobState.STOPPING:
             return
         if job.pending is not None:
             pending, job.pending = job.pending, None
-            await self._release(job, [g for g in pending.gpus if g.node_id == self.node_id and g not in job.gpus])
-        job.move(JobState.STOPPING, f"stop requested by {d.directive_id}")
+            self._release(job, [g for g in pending.gpus if g.node_id == self.node_id and g not in job.gpus])
+        job.move(JobState.STOPPING, "its allocation was removed")
         if job.group is not None:
             job.group.request_stop()
             await self._stop_now_if_a_peer_is_lost(job)
@@ -622,7 +581,7 @@ class Supervisor:
         if not peers:
             return
         try:
-            lost = sorted(peers - await self.claims.nodes())
+            lost = sorted(peers - await self.registry.nodes())
         except Exception as exc:  # registry away: the workers stop at their epoch boundary as asked
             log.warning("peer_check_failed", job_id=job.job_id, error=str(exc))
             return
@@ -640,7 +599,7 @@ class Supervisor:
         return AttemptSpec(attempt_id=attempt_id, world_size=len(job.gpus), rendezvous=rendezvous,
                            checkpoint_dir=job.checkpoint_dir, devices=devices,
                            stop_file=os.path.join(job.checkpoint_dir, f".stop-{attempt_id}"), profile=job.profile,
-                           timeout_s=self.rendezvous_timeout_s, lease_file=str(self.lease_file) if job.allocated else "")
+                           timeout_s=self.rendezvous_timeout_s, lease_file=str(self.lease_file))
 
     async def _run(self, job: _Job) -> None:
         try:
@@ -743,7 +702,7 @@ class Supervisor:
                         job.profile is not None, repeated)
         log.info("attempt_exited", job_id=job.job_id, attempt_id=job.attempt.attempt_id, outcome=result.outcome,
                  state=job.state.value, action=action.value, message=result.message, returncodes=result.returncodes)
-        self_stop = (self._closing or job.allocated and self._lease_lapsed()) and action in (Action.RESTART, Action.MOVE)
+        self_stop = (self._closing or self._lease_lapsed()) and action in (Action.RESTART, Action.MOVE)
         if self_stop:
             action = Action.STOP  # (a node whose lease lapsed starts nothing: its allocations are gone)
         if action is Action.FINISH:
@@ -776,7 +735,7 @@ class Supervisor:
         # MOVE: give back what the new set does not use, then start on it.
         target, job.pending = job.pending, None
         local = [g for g in job.gpus if g.node_id == self.node_id]
-        await self._release(job, [g for g in local if g not in target.gpus], kept=[g for g in local if g in target.gpus])
+        self._release(job, [g for g in local if g not in target.gpus], kept=[g for g in local if g in target.gpus])
         job.gpus, job.rendezvous = target.gpus, target.rendezvous
         job.attempt_base = target.attempt_id or f"{job.job_id[:100]}-{uuid.uuid4().hex[:8]}"
         job.retry = 0
@@ -815,9 +774,9 @@ class Supervisor:
         if job.pending is not None:
             held += [g for g in job.pending.gpus if g.node_id == self.node_id and g not in held]
             job.pending = None
-        await self._release(job, held, why=message if state is JobState.STOPPED else "")
+        self._release(job, held, why=message if state is JobState.STOPPED else "")
 
-    async def _release(self, job: _Job, gpus: list[Gpu], why: str = "", kept: Sequence[Gpu] = ()) -> None:
+    def _release(self, job: _Job, gpus: list[Gpu], why: str = "", kept: Sequence[Gpu] = ()) -> None:
         """Give the GPUs up and say so (GPUS_RELEASED, under the running attempt): the planner, which
         claimed them for an allocation, gives up its claims only on that event. `kept`: GPUs the attempt
         hands to the job's next attempt here (a move); the event names them too, as the attempt is gone
@@ -825,14 +784,7 @@ class Supervisor:
         everywhere), but their claims stay."""
         if not gpus and not kept:
             return
-        note = why
-        try:
-            if not job.allocated and gpus:
-                await self.claims.release(job.job_id, gpus)
-        except Exception as exc:  # the node lease drops the claims anyway when the registry is gone
-            note = "; ".join(filter(None, (why, f"registry release failed: {exc}")))
-            log.warning("gpu_release_failed", job_id=job.job_id, gpus=[str(g) for g in gpus], error=str(exc))
-        self.events.append(job.job_id, EventKind.GPUS_RELEASED, gpus=(*gpus, *kept), message=note,
+        self.events.append(job.job_id, EventKind.GPUS_RELEASED, gpus=(*gpus, *kept), message=why,
                            attempt_id=job.attempt_base, world_size=len(job.gpus), epoch=job.epochs_done)
 
     # --- shutdown --------------------------------------------------------------------

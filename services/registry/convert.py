@@ -39,10 +39,6 @@ def alloc_key(node_id: str, job_id: str) -> str:
     return f"{ALLOCS}{node_id}/{job_id}"
 
 
-def claim_prefix(node_id: str) -> str:
-    return f"{CLAIMS}{node_id}/"
-
-
 def gpu_from_claim_key(key: str) -> common_pb2.GpuRef:
     node_id, _, index = key[len(CLAIMS) :].rpartition("/")
     return common_pb2.GpuRef(node_id=node_id, index=int(index))
@@ -62,11 +58,6 @@ def claim_from_kv(kv: Kv) -> registry_pb2.GpuClaim:
     claim = registry_pb2.GpuClaim.FromString(kv.value)
     claim.revision = kv.mod_revision
     return claim
-
-
-def gpu_name(gpu: common_pb2.GpuRef) -> str:
-    """"node:index", as error messages name a GPU."""
-    return f"{gpu.node_id}:{gpu.index}"
 
 
 def cluster_event(event: WatchEvent) -> registry_pb2.ClusterEvent | None:

@@ -1,25 +1,20 @@
 """The registry's Prometheus metrics (served by services/common/metrics.py).
 
 `RegistryMeter` counts, as they happen, the lease renewals (KeepAliveNode calls) and registrations
-by outcome, and times the GPU claims the registry makes (ClaimGpus: an executor claiming for a
-directive sent by call); bound to the store, it also reports, read from etcd when scraped, the live
-nodes, their GPUs and the GPUs claimed.
+by outcome; bound to the store, it also reports, read from etcd when scraped, the live nodes, their
+GPUs and the GPUs claimed (the planner claims them: omru_planner_claim_seconds times it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Iterable
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 
 from services.common.etcd import EtcdUnavailable
 from services.common.metrics import LoopBridge, LoopCollector
-
-CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
 
 def _outcome(exc: BaseException | None) -> str:
     from services.registry.store import RegistryError
@@ -40,9 +35,6 @@ class RegistryMeter:
                                 "must register again; unavailable: etcd; error)", ["outcome"], registry=None)
         self.registrations = Counter("omru_registry_registrations", "Node registrations (RegisterNode calls), by outcome",
                                      ["outcome"], registry=None)
-        self.claim_seconds = Histogram("omru_registry_claim_seconds",
-                                       "Seconds of the GPU claims made through the registry (ClaimGpus), by outcome",
-                                       ["outcome"], buckets=CLAIM_BUCKETS, registry=None)
         self._cluster: _Cluster | None = None
 
     @contextlib.contextmanager
@@ -54,18 +46,6 @@ class RegistryMeter:
     def registration(self):
         with self._count(self.registrations):
             yield
-
-    @contextlib.contextmanager
-    def claim(self):
-        began, outcome = time.monotonic(), "error"
-        try:
-            yield
-            outcome = "ok"
-        except BaseException as exc:
-            outcome = _outcome(exc)
-            raise
-        finally:
-            self.claim_seconds.labels(outcome).observe(time.monotonic() - began)
 
     @contextlib.contextmanager
     def _count(self, counter: Counter):
@@ -85,13 +65,13 @@ class RegistryMeter:
         return self
 
     def describe(self) -> Iterable:
-        for metric in (self.renewals, self.registrations, self.claim_seconds):
+        for metric in (self.renewals, self.registrations):
             yield from metric.describe()
         if self._cluster is not None:
             yield from self._cluster.describe()
 
     def collect(self) -> Iterable:
-        for metric in (self.renewals, self.registrations, self.claim_seconds):
+        for metric in (self.renewals, self.registrations):
             yield from metric.collect()
         if self._cluster is not None:
             yield from self._cluster.collect()

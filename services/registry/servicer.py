@@ -18,11 +18,7 @@ from services.registry import validation as v
 from services.registry.metrics import RegistryMeter
 from services.registry.store import RegistryError, RegistryStore
 
-_CODES = {
-    "not_found": grpc.StatusCode.NOT_FOUND,
-    "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
-    "aborted": grpc.StatusCode.ABORTED,
-}
+_CODES = {"not_found": grpc.StatusCode.NOT_FOUND}
 
 
 def _registry_errors(method):
@@ -95,19 +91,6 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     async def ListNodes(self, request, context):
         nodes, revision = await self.store.list_nodes()
         return registry_pb2.ListNodesResponse(nodes=nodes, revision=revision)
-
-    @_registry_errors
-    async def ClaimGpus(self, request, context):
-        await _check(context, v.id_problem("job_id", request.job_id), v.gpu_refs_problem("gpus", request.gpus))
-        with self.meter.claim():
-            claims, revision = await self.store.claim(request.job_id, list(request.gpus))
-        return registry_pb2.ClaimGpusResponse(claims=claims, revision=revision)
-
-    @_registry_errors
-    async def ReleaseGpus(self, request, context):
-        await _check(context, v.id_problem("job_id", request.job_id), v.gpu_refs_problem("gpus", request.gpus, required=False))
-        released, revision = await self.store.release(request.job_id, list(request.gpus))
-        return registry_pb2.ReleaseGpusResponse(released=released, revision=revision)
 
     @_registry_errors
     async def ListClaims(self, request, context):

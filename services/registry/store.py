@@ -2,7 +2,8 @@
 
 Input is validated by the servicer first; what can only be known from the
 stored state raises `RegistryError` with a kind the servicer maps to a gRPC
-code ("not_found", "failed_precondition", "aborted").
+code ("not_found"). GPU claims are the planner's to write
+(services/planner/state.py); the registry only lists them.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import time
 from typing import AsyncIterator, Sequence
 
 from omru.v1 import common_pb2, registry_pb2
-from services.common.etcd import EtcdStore, LeaseNotFound, Resync
+from services.common.etcd import EtcdStore, Resync
 from services.registry import convert
-from services.registry.convert import claim_key, encode, gpu_name, node_key
+from services.registry.convert import encode, node_key
 
 
 class RegistryError(Exception):
@@ -25,7 +26,7 @@ class RegistryError(Exception):
 
 
 class RegistryStore:
-    """Nodes and GPU claims in etcd."""
+    """Nodes in etcd, and the GPU claims and allocations the planner writes there."""
 
     def __init__(self, etcd: EtcdStore, clock=time.time) -> None:
         self.etcd = etcd
@@ -80,60 +81,6 @@ class RegistryStore:
         return [convert.node_from_kv(kv) for kv in kvs], revision
 
     # --- GPU claims ----------------------------------------------------------
-
-    async def claim(self, job_id: str, gpus: Sequence[common_pb2.GpuRef]) -> tuple[list[registry_pb2.GpuClaim], int]:
-        """Claim every GPU for the job, all or nothing (GPUs it holds already count as claimed)."""
-        leases: dict[str, int] = {}
-        nodes: dict[str, registry_pb2.Node] = {}
-        for i, gpu in enumerate(gpus):
-            if gpu.node_id not in nodes:
-                kv = await self.etcd.get(node_key(gpu.node_id))
-                if kv is None:
-                    raise RegistryError("not_found", f"gpus[{i}].node_id {gpu.node_id!r} not found")
-                nodes[gpu.node_id] = convert.node_from_kv(kv)
-            node = nodes[gpu.node_id]
-            if gpu.index not in {g.index for g in node.gpus}:
-                raise RegistryError("not_found", f"gpus[{i}].index {gpu.index} not on node {gpu.node_id!r}")
-            leases[claim_key(gpu.node_id, gpu.index)] = node.lease_id
-        now = self._clock()
-        wanted = {claim_key(g.node_id, g.index): g for g in gpus}
-        held: dict[str, registry_pb2.GpuClaim] = {}
-        for _ in range(len(wanted) + 1):
-            todo = {k: g for k, g in wanted.items() if k not in held}
-            items = {k: encode(registry_pb2.GpuClaim(gpu=g, job_id=job_id, claimed_unix_s=now)) for k, g in todo.items()}
-            try:
-                result = await self.etcd.create(items, lease={k: leases[k] for k in items}) if items else None
-            except LeaseNotFound as exc:
-                raise RegistryError("not_found", f"a node of gpus left while claiming: {exc}") from exc
-            if result is None or result.succeeded:
-                revision = result.revision if result else await self.etcd.revision()
-                for k, g in todo.items():
-                    held[k] = registry_pb2.GpuClaim(gpu=g, job_id=job_id, claimed_unix_s=now, revision=revision)
-                return [held[k] for k in wanted], revision
-            owners = {kv.key: convert.claim_from_kv(kv) for kv in result.existing}
-            for key in wanted:  # request order: name the first GPU another job holds
-                if key in owners and owners[key].job_id != job_id:
-                    raise RegistryError(
-                        "failed_precondition",
-                        f"gpu {gpu_name(wanted[key])} is claimed by job {owners[key].job_id!r}",
-                    )
-            held.update(owners)  # ours already: claim only the rest
-        raise RegistryError("aborted", "claims kept changing; retry")
-
-    async def release(self, job_id: str, gpus: Sequence[common_pb2.GpuRef]) -> tuple[list[common_pb2.GpuRef], int]:
-        """Delete the job's claims on gpus (all of the job's claims when empty)."""
-        kvs, revision = await self.etcd.list(convert.CLAIMS)
-        keys = {claim_key(g.node_id, g.index) for g in gpus}
-        released: list[common_pb2.GpuRef] = []
-        for kv in kvs:
-            claim = convert.claim_from_kv(kv)
-            if claim.job_id != job_id or (keys and kv.key not in keys):
-                continue
-            result = await self.etcd.delete(kv.key, mod_revision=kv.mod_revision)
-            if result.succeeded:
-                released.append(claim.gpu)
-                revision = result.revision
-        return released, revision
 
     async def list_claims(self, job_id: str = "") -> tuple[list[registry_pb2.GpuClaim], int]:
         kvs, revision = await self.etcd.list(convert.CLAIMS)

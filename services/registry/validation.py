@@ -46,7 +46,7 @@ def address_problem(field: str, value: str, port_zero: bool = False) -> Problem:
     return None
 
 
-def gpu_refs_problem(field: str, gpus: Iterable[common_pb2.GpuRef], required: bool = True) -> Problem:
+def gpu_refs_problem(field: str, gpus: Iterable[common_pb2.GpuRef]) -> Problem:
     """Empty list, bad node ids, negative indices, duplicates."""
     seen: set[tuple[str, int]] = set()
     count = 0
@@ -60,7 +60,7 @@ def gpu_refs_problem(field: str, gpus: Iterable[common_pb2.GpuRef], required: bo
         if (gpu.node_id, gpu.index) in seen:
             return f"{field}[{i}]", f"{gpu.node_id}:{gpu.index} is listed twice"
         seen.add((gpu.node_id, gpu.index))
-    if required and count == 0:
+    if count == 0:
         return field, "at least one GPU is required"
     return None
 

@@ -1,6 +1,8 @@
 """Builders and helpers for the executor service tests: real executor servers
-(in-process, port 0) registered in the test registry, tiny job specs, an event
-collector over WatchEvents."""
+(in-process, port 0) registered in the test registry, driven as the planner
+drives them (allocations and GPU claims written into etcd through
+`PlannerState.change`, which each executor's AllocationWatch follows), tiny
+job specs, an event collector over WatchEvents."""
 
 from __future__ import annotations
 
@@ -15,11 +17,10 @@ import grpc
 from omru.v1 import common_pb2, executor_pb2, executor_pb2_grpc, registry_pb2_grpc
 from services.common import config as cfg
 from services.common.channels import open_channel
-from tests.platform.platform_helpers import gpu  # noqa: F401  (re-exported for the executor tests)
+from tests.platform.platform_helpers import gpu, node_lease  # noqa: F401  (gpu: re-exported for the executor tests)
 
 START = executor_pb2.DIRECTIVE_KIND_START
 RESIZE = executor_pb2.DIRECTIVE_KIND_RESIZE
-STOP = executor_pb2.DIRECTIVE_KIND_STOP
 K = executor_pb2  # event kinds: K.EXECUTOR_EVENT_KIND_...
 
 
@@ -36,23 +37,42 @@ def directive(directive_id: str, kind: int, job: common_pb2.JobSpec, gpus=(), **
     return executor_pb2.Directive(directive_id=directive_id, kind=kind, job=job, gpus=list(gpus), **fields)
 
 
+async def allocate(store, node_id: str, d: executor_pb2.Directive) -> None:
+    """Write d as the node's allocation the way the planner does (`PlannerState.change`, one transaction),
+    with the job's claims on d's GPUs of the node that no job holds yet, bound to the node's lease. (No
+    planner runs here to give claims back when the executor releases its GPUs: a GPU another job held
+    stays that job's.)"""
+    from services.planner.state import PlannerState
+
+    state = PlannerState(store)
+    lease = await node_lease(store, node_id)
+    held = await state.claims()
+    gpus = {(g.node_id, g.index): lease for g in d.gpus if g.node_id == node_id and (g.node_id, g.index) not in held}
+    result = await state.change(d.job.job_id, claim=gpus, put={node_id: (d.SerializeToString(deterministic=True), lease)})
+    assert result.succeeded, result.existing
+
+
 @dataclass
 class Executor:
-    """One in-process executor server and a stub to it."""
+    """One in-process executor server, a stub to it, and the etcd the planner would write its allocations to."""
 
     node_id: str
     running: object
     channel: grpc.aio.Channel
     stub: executor_pb2_grpc.ExecutorServiceStub
+    store: object = None  # EtcdStore
 
-    async def start_job(self, d: executor_pb2.Directive):
-        return await self.stub.StartJob(executor_pb2.StartJobRequest(directive=d), timeout=30)
+    async def start_job(self, d: executor_pb2.Directive) -> None:
+        """d becomes this node's allocation (see `allocate`); the executor acts on it."""
+        await allocate(self.store, self.node_id, d)
 
-    async def resize_job(self, d: executor_pb2.Directive):
-        return await self.stub.ResizeJob(executor_pb2.ResizeJobRequest(directive=d), timeout=30)
+    resize_job = start_job  # (a new attempt's allocation replaces the old one)
 
-    async def stop_job(self, d: executor_pb2.Directive):
-        return await self.stub.StopJob(executor_pb2.StopJobRequest(directive=d), timeout=30)
+    async def stop_job(self, job_id: str) -> None:
+        """Remove the job's allocation of this node, as the planner stops a job there."""
+        from services.planner.state import PlannerState
+
+        assert (await PlannerState(self.store).change(job_id, drop=[self.node_id])).succeeded
 
     async def job(self, job_id: str) -> executor_pb2.ExecutorJob:
         jobs = (await self.stub.GetJobs(executor_pb2.GetJobsRequest(), timeout=10)).jobs
@@ -63,7 +83,7 @@ class Executor:
 
 
 async def start_executor(registry_address: str, node_id: str, slots: int, work_dir, max_restarts: int = 2,
-                         root=None) -> Executor:
+                         root=None, store=None) -> Executor:
     """An executor whose checkpoint root and only data root is `root` (default: work_dir's parent, the test's tmp_path)."""
     from services.executor import server
 
@@ -73,16 +93,19 @@ async def start_executor(registry_address: str, node_id: str, slots: int, work_d
                                 checkpoint_root=root, data_roots=(root,))
     running, _membership = await server.start(config)
     channel = open_channel(running.address)
-    return Executor(node_id, running, channel, executor_pb2_grpc.ExecutorServiceStub(channel))
+    return Executor(node_id, running, channel, executor_pb2_grpc.ExecutorServiceStub(channel), store)
 
 
 @contextlib.asynccontextmanager
-async def executors(registry_address: str, tmp_path, *shapes: tuple[str, int], max_restarts: int = 2, root=None):
-    """Executors for (node_id, slots) shapes (root: as for start_executor); stopped (workers killed, GPUs released) on exit."""
+async def executors(registry_address: str, tmp_path, *shapes: tuple[str, int], max_restarts: int = 2, root=None,
+                    store=None):
+    """Executors for (node_id, slots) shapes (root: as for start_executor; store: the registry's etcd, for their
+    allocations); stopped (workers killed, GPUs released) on exit."""
     started = []
     try:
         for node_id, slots in shapes:
-            started.append(await start_executor(registry_address, node_id, slots, tmp_path / node_id, max_restarts, root))
+            started.append(await start_executor(registry_address, node_id, slots, tmp_path / node_id, max_restarts,
+                                                root, store))
         yield started
     finally:
         for e in reversed(started):
@@ -129,6 +152,11 @@ class Events:
 
 def is_event(job_id: str, kind: int, **fields):
     return lambda e: e.job_id == job_id and e.kind == kind and all(getattr(e, k) == v for k, v in fields.items())
+
+
+def is_refusal_of(d: executor_pb2.Directive):
+    """The FAILED event that reports the allocation d refused (services/executor/servicer.py `is_refusal`)."""
+    return lambda e: e.kind == K.EXECUTOR_EVENT_KIND_FAILED and e.message.startswith(f"directive {d.directive_id!r} refused: ")
 
 
 async def claims_of(registry_address: str, job_id: str) -> list[tuple[str, int]]:

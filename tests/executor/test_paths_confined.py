@@ -2,13 +2,14 @@
 
 A checkpoint_dir outside the node's checkpoint root, or an imagefolder:/clips:
 data set outside its data roots, after resolving '..' and symlinks, is refused
-naming the field and the value, by call and by allocation alike: nothing is
-written or run, and the node goes on serving. A data set error never lists a
+naming the field and the value (a FAILED event of the refused allocation):
+nothing is written or run, and the node goes on serving. A data set error never lists a
 folder's content. `omru up` gives its planner and executors one checkpoint root.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -20,13 +21,12 @@ from omru import checkpoint
 from omru.v1 import common_pb2, executor_pb2, executor_pb2_grpc, planner_pb2, planner_pb2_grpc
 from services.common import config as cfg
 from services.common.cluster import LocalCluster
+from services.common.etcd import EtcdStore
 from services.executor import server
 from services.executor.worker import data
 from services.executor.worker.spec import TrainSpec
 from services.planner.state import PlannerState
-from tests.executor.service_builders import K, START, claims_of, directive, executors, gpu, is_event, tiny_job
-from tests.executor.test_service_allocations import allocate, node_lease
-from tests.platform.platform_helpers import rpc_error
+from tests.executor.service_builders import K, START, allocate, directive, executors, gpu, is_event, is_refusal_of, tiny_job
 
 NOT_UNDER_DATA_ROOTS = "is not under a data root of this node"
 
@@ -61,42 +61,26 @@ def refusals(root, outside):
 
 
 async def test_folders_outside_the_roots_are_refused_naming_the_field_nothing_is_written_and_the_node_serves_on(
-        registry, tmp_path):
+        registry, etcd_store, tmp_path):
     root, outside = layout(tmp_path)
-    async with executors(registry.address, tmp_path, ("n1", 1), root=root) as (ex,):
+    async with executors(registry.address, tmp_path, ("n1", 1), root=root, store=etcd_store) as (ex,):
         events = ex.events()
         for d, text in refusals(root, outside):
-            err = await rpc_error(ex.start_job(d))
-            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details() == text, err.details()
+            d.attempt_id = f"{d.directive_id}-a1"
+            await ex.start_job(d)
+            failed = await events.wait_for(is_refusal_of(d), timeout=30)
+            assert failed.message == f"directive {d.directive_id!r} refused: {text}"
+            assert failed.attempt_id == d.attempt_id
         assert not outside.exists()
         assert not (tmp_path / "n1" / "jobs").exists()
         assert (await ex.stub.GetJobs(executor_pb2.GetJobsRequest(), timeout=10)).jobs == []
-        assert await claims_of(registry.address, "bad") == []
         # the node serves on: a job whose folders lie under the roots (through '..' that stays inside) trains
         ok = directive("ok", START, tiny_job("ok", epochs=1, train_samples=16),
                        [gpu("n1", 0)], checkpoint_dir=f"{root}/sub/../ckpt/ok")
         await ex.start_job(ok)
         await events.wait_for(is_event("ok", K.EXECUTOR_EVENT_KIND_FINISHED))
         assert [e for _, e in checkpoint.list_checkpoints(str(root / "ckpt" / "ok"))]
-        assert not events.of("bad") and not outside.exists()
-        events.close()
-
-
-async def test_an_allocation_outside_the_roots_is_a_refused_failed_event_and_nothing_is_written(
-        registry, etcd_store, tmp_path):
-    root, outside = layout(tmp_path)
-    state = PlannerState(etcd_store)
-    async with executors(registry.address, tmp_path, ("n1", 1), root=root) as (ex,):
-        events = ex.events()
-        lease = await node_lease(etcd_store, "n1")
-        for d, text in refusals(root, outside)[:1] + refusals(root, outside)[3:4]:
-            d.attempt_id = f"{d.directive_id}-a1"
-            await allocate(state, lease, d, claim=False)
-            failed = await events.wait_for(lambda e: e.kind == K.EXECUTOR_EVENT_KIND_FAILED
-                                           and e.attempt_id == d.attempt_id)
-            assert failed.message == f"directive {d.directive_id!r} refused: {text}"
-        assert not outside.exists() and not (tmp_path / "n1" / "jobs").exists()
-        assert (await ex.stub.GetJobs(executor_pb2.GetJobsRequest(), timeout=10)).jobs == []
+        assert all(e.kind == K.EXECUTOR_EVENT_KIND_FAILED for e in events.of("bad")) and not outside.exists()
         events.close()
 
 
@@ -133,13 +117,24 @@ def test_omru_up_gives_its_planner_and_executors_one_checkpoint_root(tmp_path):
     job = tiny_job("up", epochs=1, train_samples=16, max_gpus=1)
     with LocalCluster(nodes=1, slots_per_node=1, planner_port=0, work_dir=tmp_path / "up", warm_workers=False) as up:
         root = os.path.realpath(tmp_path / "up" / "checkpoints")
+        outside = directive("d", START, tiny_job("outside", epochs=1), [gpu("node-0", 0)],
+                            checkpoint_dir=str(tmp_path / "y"), attempt_id="outside-a1")
+
+        async def allocation(write: bool):  # written as the planner writes it, then gone with its claim
+            async with EtcdStore(up.etcd_endpoint) as store:
+                if write:
+                    await allocate(store, "node-0", outside)
+                else:
+                    await PlannerState(store).change("outside", drop=["node-0"], release=[("node-0", 0)])
+
+        asyncio.run(allocation(write=True))
         with grpc.insecure_channel(up.executors[0].address) as channel:
-            with pytest.raises(grpc.RpcError) as err:
-                executor_pb2_grpc.ExecutorServiceStub(channel).StartJob(executor_pb2.StartJobRequest(directive=directive(
-                    "d", START, job, [gpu("node-0", 0)], checkpoint_dir=str(tmp_path / "y"))), timeout=30)
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert err.value.details() == (f"directive.checkpoint_dir: {str(tmp_path / 'y')!r} is not under this "
-                                       f"node's checkpoint root {root!r}")
+            events = executor_pb2_grpc.ExecutorServiceStub(channel).WatchEvents(executor_pb2.WatchEventsRequest(), timeout=60)
+            failed = next(r.event for r in events if r.event.job_id == "outside")
+            events.cancel()
+        asyncio.run(allocation(write=False))
+        assert failed.message == (f"directive 'd' refused: directive.checkpoint_dir: {str(tmp_path / 'y')!r} is not "
+                                  f"under this node's checkpoint root {root!r}")
         # what the planner sends runs: its checkpoint folders lie under the same root
         with grpc.insecure_channel(up.service("planner").address) as channel:
             planner = planner_pb2_grpc.PlannerServiceStub(channel)

@@ -8,8 +8,8 @@ import pytest
 from omru.v1 import common_pb2, executor_pb2
 from services.executor import convert
 from services.executor.state import TRANSITIONS, JobState, TransitionError, check_move
-from services.executor.supervisor import Action, DirectiveError, DirectiveKind, Gpu, decide
-from tests.executor.service_builders import START, STOP, directive, gpu, tiny_job
+from services.executor.supervisor import Action, DirectiveError, Gpu, decide
+from tests.executor.service_builders import RESIZE, START, directive, gpu, tiny_job
 
 S = JobState
 
@@ -69,14 +69,12 @@ def test_every_executor_state_maps_to_a_planner_job_state():
 
 def test_a_directive_converts_with_the_proto_zero_defaults():
     d = convert.directive(directive("d1", START, tiny_job("j", base_batch=0, image_size=0, min_gpus=0, max_gpus=0),
-                                    [gpu("n1", 0), gpu("n2", 3)], attempt_id="a1"), START)
-    assert (d.kind, d.job_id, d.gpus, d.attempt_id, d.profile) == (DirectiveKind.START, "j", (Gpu("n1", 0), Gpu("n2", 3)), "a1", None)
+                                    [gpu("n1", 0), gpu("n2", 3)], attempt_id="a1"))
+    assert (d.job_id, d.gpus, d.attempt_id, d.profile) == ("j", (Gpu("n1", 0), Gpu("n2", 3)), "a1", None)
     assert (d.spec.base_batch, d.spec.image_size, d.spec.min_gpus) == (8, 32, 1) and d.spec.max_gpus >= 1024
-    p = convert.directive(directive("d2", 0, tiny_job("j"), [gpu("n1", 0)],
-                                    profile=executor_pb2.ProfileOptions(warmup_iters=0, full_epoch=True)), START)
-    assert (p.kind, p.profile.mode, p.profile.warmup_iters) == (DirectiveKind.START, "epoch", 0)
-    stop = convert.directive(directive("d3", STOP, common_pb2.JobSpec(job_id="j")), STOP)
-    assert (stop.kind, stop.spec, stop.gpus) == (DirectiveKind.STOP, None, ())
+    p = convert.directive(directive("d2", RESIZE, tiny_job("j"), [gpu("n1", 0)],
+                                    profile=executor_pb2.ProfileOptions(warmup_iters=0, full_epoch=True)))
+    assert (p.profile.mode, p.profile.warmup_iters) == ("epoch", 0)
 
 
 @pytest.mark.parametrize("d, field", [
@@ -88,9 +86,12 @@ def test_a_directive_converts_with_the_proto_zero_defaults():
     (directive("d", START, tiny_job("bad id!"), [gpu("n1", 0)]), "directive.job.job_id"),
     (directive("d", START, tiny_job("j"), [gpu("n1", 0)], rendezvous_endpoint="nohost"), "directive.rendezvous_endpoint"),
     (directive("d", START, tiny_job("j"), [gpu("n1", 0)], attempt_id="-x"), "directive.attempt_id"),
-    (directive("d", STOP, tiny_job("j")), "directive.kind"),
+    (directive("d", executor_pb2.DIRECTIVE_KIND_STOP, tiny_job("j"), [gpu("n1", 0)]), "directive.kind"),
+    (directive("d", 0, tiny_job("j"), [gpu("n1", 0)]), "directive.kind"),
+    (directive("", START, tiny_job("j"), [gpu("n1", 0)]), "directive.directive_id"),
+    (directive("d", START, tiny_job("j"), []), "directive.gpus"),
 ])
 def test_a_bad_directive_is_refused_naming_its_field(d, field):
     with pytest.raises(DirectiveError) as err:
-        convert.directive(d, START)
+        convert.directive(d)
     assert err.value.field == field

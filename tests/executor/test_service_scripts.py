@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from omru.v1 import executor_pb2
-from tests.executor.service_builders import (K, RESIZE, START, directive, executors, gpu, is_event, start_executor,
-                                             tiny_job)
+from tests.executor.service_builders import (K, RESIZE, START, directive, executors, gpu, is_event, is_refusal_of,
+                                             start_executor, tiny_job)
 from tests.platform.platform_helpers import rpc_error
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,8 +41,8 @@ def omru(*args: str, **kwargs) -> subprocess.Popen:
 
 
 async def test_a_plain_torchrun_script_runs_every_epoch_and_its_logs_are_served_after_the_executor_restarts(
-        registry, tmp_path):
-    async with executors(registry.address, tmp_path, ("n1", 2)) as (ex,):
+        registry, etcd_store, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 2), store=etcd_store) as (ex,):
         events = ex.events()
         job = script_job("plain", "train_ddp.py", "--epochs", "3", "--samples", "512", epochs=3)
         await ex.start_job(directive("d1", START, job, [gpu("n1", 0), gpu("n1", 1)]))
@@ -91,11 +91,12 @@ async def test_a_plain_torchrun_script_runs_every_epoch_and_its_logs_are_served_
 
 
 async def test_an_elastic_script_resized_from_one_to_two_slots_scales_its_lr_by_two_and_trains_each_epoch_once(
-        registry, tmp_path):
-    async with executors(registry.address, tmp_path, ("n1", 2)) as (ex,):
+        registry, etcd_store, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 2), store=etcd_store) as (ex,):
         events = ex.events()
         job = script_job("elastic", "train_script.py", "--samples", "8192", epochs=4)
         await ex.start_job(directive("d1", START, job, [gpu("n1", 0)]))
+        await events.wait_for(is_event("elastic", K.EXECUTOR_EVENT_KIND_STARTED))  # (its logs exist)
         follow = omru("logs", "elastic", "--follow", "--rank", "0", "--registry", registry.address)
         await events.wait_for(is_event("elastic", K.EXECUTOR_EVENT_KIND_EPOCH_DONE, epoch=1))
         await ex.resize_job(directive("d2", RESIZE, job, [gpu("n1", 0), gpu("n1", 1)]))
@@ -118,8 +119,9 @@ async def test_an_elastic_script_resized_from_one_to_two_slots_scales_its_lr_by_
         events.close()
 
 
-async def test_a_script_that_raises_fails_with_its_exception_and_is_not_retried_the_same_way_again(registry, tmp_path):
-    async with executors(registry.address, tmp_path, ("n1", 2), max_restarts=5) as (ex,):
+async def test_a_script_that_raises_fails_with_its_exception_and_is_not_retried_the_same_way_again(
+        registry, etcd_store, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 2), max_restarts=5, store=etcd_store) as (ex,):
         events = ex.events()
         job = script_job("broken", "train_script.py", "--fail", "disk full at /data/x")
         await ex.start_job(directive("d1", START, job, [gpu("n1", 0)]))
@@ -133,9 +135,9 @@ async def test_a_script_that_raises_fails_with_its_exception_and_is_not_retried_
         events.close()
 
 
-async def test_a_bad_script_job_is_refused_naming_the_field_and_nothing_starts(registry, tmp_path):
-    async with executors(registry.address, tmp_path, ("n1", 1)) as (ex,):
-        invalid = grpc.StatusCode.INVALID_ARGUMENT
+async def test_a_bad_script_job_is_refused_naming_the_field_and_nothing_starts(registry, etcd_store, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 1), store=etcd_store) as (ex,):
+        events = ex.events()
         cases = [
             (script_job("bad", "train_ddp.py", workdir=str(tmp_path / "nowhere")),
              f"directive.job.workdir: '{tmp_path / 'nowhere'}' is not a folder on node n1"),
@@ -147,15 +149,18 @@ async def test_a_bad_script_job_is_refused_naming_the_field_and_nothing_starts(r
             (tiny_job("bad", model=""), "directive.job.model: is required"),
         ]
         for i, (job, text) in enumerate(cases):
-            err = await rpc_error(ex.start_job(directive(f"b{i}", START, job, [gpu("n1", 0)])))
-            assert err.code() == invalid and text in err.details(), (i, err.details())
+            d = directive(f"b{i}", START, job, [gpu("n1", 0)])
+            await ex.start_job(d)
+            refused = await events.wait_for(is_refusal_of(d), timeout=30)
+            assert text in refused.message, (i, refused.message)
         assert (await ex.stub.GetJobs(executor_pb2.GetJobsRequest(), timeout=10)).jobs == []
         assert not (tmp_path / "n1" / "logs").exists()
+        events.close()
 
 
 async def test_a_profiling_trial_of_an_elastic_script_times_its_iterations_and_a_plain_script_is_told_why_not(
-        registry, tmp_path):
-    async with executors(registry.address, tmp_path, ("n1", 2)) as (ex,):
+        registry, etcd_store, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 2), store=etcd_store) as (ex,):
         events = ex.events()
         trial = executor_pb2.ProfileOptions(warmup_iters=2, measure_iters=5)
         await ex.start_job(directive("p1", START, script_job("timed", "train_script.py", epochs=50),

@@ -35,8 +35,8 @@ async def until(predicate, timeout_s: float = 60.0):
     raise AssertionError("condition not met in time")
 
 
-async def test_a_job_starts_on_the_waiting_worker_and_a_successor_takes_its_place(registry, tmp_path):
-    async with executors(registry.address, tmp_path, ("n1", 1)) as (ex,):
+async def test_a_job_starts_on_the_waiting_worker_and_a_successor_takes_its_place(registry, etcd_store, tmp_path):
+    async with executors(registry.address, tmp_path, ("n1", 1), store=etcd_store) as (ex,):
         waiting = await until(standby_children)
         assert len(waiting) == 1
         events = ex.events()

@@ -23,6 +23,22 @@ def register_request(node_id: str = "node-a", slots: int = 2, ttl: int = 5, port
     return registry_pb2.RegisterNodeRequest(node_id=node_id, address=f"127.0.0.1:{port}", gpus=cpu_slots(slots), ttl_seconds=ttl)
 
 
+async def node_lease(store, node_id: str) -> int:
+    """The registry lease of the node (the claims and allocations of its GPUs are bound to it)."""
+    from services.registry import convert
+
+    return convert.node_from_kv(await store.get(convert.node_key(node_id))).lease_id
+
+
+async def claim(store, job_id: str, *gpus: tuple[str, int]):
+    """Claim the GPUs for the job as the planner does (`PlannerState.change`: one etcd transaction, all or
+    nothing, each claim bound to its node's lease); the transaction's result."""
+    from services.planner.state import PlannerState
+
+    leases = {node: await node_lease(store, node) for node in {n for n, _ in gpus}}
+    return await PlannerState(store).change(job_id, claim={g: leases[g[0]] for g in gpus})
+
+
 async def rpc_error(call) -> grpc.aio.AioRpcError:
     """The AioRpcError an awaited call raises (AssertionError when it succeeds)."""
     try:

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from omru.v1 import common_pb2, registry_pb2
-from platform_helpers import gpu, register_request, rpc_error
+from platform_helpers import claim, register_request, rpc_error
 
 INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
 R = registry_pb2
@@ -36,13 +36,6 @@ CASES = [
     ("KeepAliveNode", R.KeepAliveNodeRequest(node_id="ghost", lease_id=7), NOT_FOUND, "node_id"),
     ("GetNode", R.GetNodeRequest(), INVALID, "node_id"),
     ("GetNode", R.GetNodeRequest(node_id="ghost"), NOT_FOUND, "node_id"),
-    ("ClaimGpus", R.ClaimGpusRequest(gpus=[gpu("node-a", 0)]), INVALID, "job_id"),
-    ("ClaimGpus", R.ClaimGpusRequest(job_id="j"), INVALID, "gpus"),
-    ("ClaimGpus", R.ClaimGpusRequest(job_id="j", gpus=[gpu("node-a", -1)]), INVALID, "gpus[0].index"),
-    ("ClaimGpus", R.ClaimGpusRequest(job_id="j", gpus=[gpu("node-a", 0), gpu("node-a", 0)]), INVALID, "gpus[1]"),
-    ("ClaimGpus", R.ClaimGpusRequest(job_id="j", gpus=[gpu("node-a", 0), gpu("ghost", 0)]), NOT_FOUND, "gpus[1].node_id"),
-    ("ClaimGpus", R.ClaimGpusRequest(job_id="j", gpus=[gpu("node-a", 9)]), NOT_FOUND, "gpus[0].index"),
-    ("ReleaseGpus", R.ReleaseGpusRequest(), INVALID, "job_id"),
 ]
 
 
@@ -55,7 +48,7 @@ async def _snapshot(stub, etcd_store):
 @pytest.mark.parametrize("method,request_,code,field", CASES, ids=[f"{c[0]}-{c[3]}-{i}" for i, c in enumerate(CASES)])
 async def test_bad_request_is_refused_naming_the_field_and_changes_nothing(registry_stub, etcd_store, method, request_, code, field):
     await registry_stub.RegisterNode(register_request("node-a", slots=2, ttl=60))
-    await registry_stub.ClaimGpus(R.ClaimGpusRequest(job_id="job-1", gpus=[gpu("node-a", 1)]))
+    assert (await claim(etcd_store, "job-1", ("node-a", 1))).succeeded
     before = await _snapshot(registry_stub, etcd_store)
     error = await rpc_error(getattr(registry_stub, method)(request_))
     assert error.code() == code, error.details()

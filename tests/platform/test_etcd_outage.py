@@ -6,9 +6,11 @@ import asyncio
 import time
 
 import grpc
+import pytest
 
 from omru.v1 import registry_pb2
-from platform_helpers import Collector, gpu, register_request, rpc_error
+from platform_helpers import Collector, claim, register_request, rpc_error
+from services.common.etcd import EtcdUnavailable
 
 
 async def _until_serving(call_factory, timeout: float = 15.0):
@@ -16,17 +18,19 @@ async def _until_serving(call_factory, timeout: float = 15.0):
     while True:
         try:
             return await call_factory()
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+        except (grpc.aio.AioRpcError, EtcdUnavailable) as exc:
+            down = isinstance(exc, EtcdUnavailable) or exc.code() == grpc.StatusCode.UNAVAILABLE
+            if not down or time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.1)
 
 
-async def test_registry_answers_unavailable_while_etcd_is_down_and_serves_again_after_restart(etcd, registry_stub):
+async def test_registry_answers_unavailable_while_etcd_is_down_and_serves_again_after_restart(etcd, etcd_store,
+                                                                                                registry_stub):
     node = await registry_stub.RegisterNode(register_request("node-o", ttl=60))
     assert (await registry_stub.KeepAliveNode(registry_pb2.KeepAliveNodeRequest(
         node_id="node-o", lease_id=node.lease_id), timeout=10)).ttl_seconds > 0
-    await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="kept", gpus=[gpu("node-o", 0)]))
+    assert (await claim(etcd_store, "kept", ("node-o", 0))).succeeded
     listed = await registry_stub.ListClaims(registry_pb2.ListClaimsRequest())
     watch = Collector(registry_stub.WatchCluster(registry_pb2.WatchClusterRequest(after_revision=listed.revision)))
 
@@ -34,11 +38,12 @@ async def test_registry_answers_unavailable_while_etcd_is_down_and_serves_again_
     for call in (
         registry_stub.ListNodes(registry_pb2.ListNodesRequest()),
         registry_stub.ListClaims(registry_pb2.ListClaimsRequest(job_id="kept")),
-        registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="during", gpus=[gpu("node-o", 1)])),
     ):
         error = await rpc_error(call)
         assert error.code() == grpc.StatusCode.UNAVAILABLE
         assert etcd.endpoint in error.details()
+    with pytest.raises(EtcdUnavailable):  # (the planner's claims too)
+        await claim(etcd_store, "during", ("node-o", 1))
 
     keepalive = await rpc_error(registry_stub.KeepAliveNode(registry_pb2.KeepAliveNodeRequest(
         node_id="node-o", lease_id=node.lease_id), timeout=10))
@@ -52,7 +57,7 @@ async def test_registry_answers_unavailable_while_etcd_is_down_and_serves_again_
     claims = await _until_serving(lambda: registry_stub.ListClaims(registry_pb2.ListClaimsRequest()))
     assert [c.job_id for c in claims.claims] == ["kept"]
     assert (await registry_stub.GetNode(registry_pb2.GetNodeRequest(node_id="node-o"))).node.node_id == "node-o"
-    after = (await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="after", gpus=[gpu("node-o", 1)]))).revision
+    after = (await _until_serving(lambda: claim(etcd_store, "after", ("node-o", 1)))).revision
     event = await watch.wait_for(lambda e: e.revision == after, timeout=15)  # the open watch resumed by itself
     assert event.claim.job_id == "after"
     assert watch.error is None

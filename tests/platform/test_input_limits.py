@@ -63,7 +63,7 @@ async def test_registry_bounds_gpus_per_node_kinds_and_ids_and_stores_nothing_re
     assert error.code() == INVALID and error.details().startswith("address: 'hhhh") and "(305 chars)" in error.details()
 
     for call in (registry_stub.GetNode(registry_pb2.GetNodeRequest(node_id=MB)),
-                 registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id=MB, gpus=[common_pb2.GpuRef(node_id="node-a")]))):
+                 registry_stub.ListClaims(registry_pb2.ListClaimsRequest(job_id=MB))):
         error = await rpc_error(call)
         assert error.code() == INVALID, error.details()
         assert MB_SHOWN in error.details() and len(error.details()) < 300

@@ -21,7 +21,7 @@ from tests.platform.platform_helpers import exported_families
 
 #: The families each service exports (the dashboard, deploy/grafana/omru.json, uses only these).
 FAMILIES = {
-    "registry": {"omru_registry_lease_renewals", "omru_registry_registrations", "omru_registry_claim_seconds",
+    "registry": {"omru_registry_lease_renewals", "omru_registry_registrations",
                  "omru_registry_nodes", "omru_registry_gpus", "omru_registry_gpus_claimed", "omru_etcd_errors"},
     "profiler": {"omru_profiler_trials", "omru_profiler_trial_seconds", "omru_profiler_profiles",
                  "omru_profiler_profile_seconds", "omru_etcd_errors"},

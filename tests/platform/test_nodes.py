@@ -8,7 +8,7 @@ import time
 import grpc
 
 from omru.v1 import registry_pb2
-from platform_helpers import Collector, register_request, rpc_error
+from platform_helpers import Collector, claim, register_request, rpc_error
 
 Kind = registry_pb2.ClusterEventKind
 
@@ -57,13 +57,13 @@ async def test_keepalive_with_an_expired_lease_is_not_found_so_the_node_register
     assert 0 < reply.ttl_seconds <= 5
 
 
-async def test_registering_again_replaces_the_old_lease_and_its_claims(registry_stub):
+async def test_registering_again_replaces_the_old_lease_and_its_claims(registry_stub, etcd_store):
     first = await registry_stub.RegisterNode(register_request("node-r"))
     await registry_stub.KeepAliveNode(registry_pb2.KeepAliveNodeRequest(node_id="node-r", lease_id=first.lease_id))
     other = await registry_stub.RegisterNode(register_request("node-s"))
     error = await rpc_error(registry_stub.KeepAliveNode(registry_pb2.KeepAliveNodeRequest(node_id="node-r", lease_id=other.lease_id)))
     assert error.code() == grpc.StatusCode.NOT_FOUND and "is not the lease of node_id 'node-r'" in error.details()
-    await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="j1", gpus=[{"node_id": "node-r", "index": 0}]))
+    assert (await claim(etcd_store, "j1", ("node-r", 0))).succeeded
     second = await registry_stub.RegisterNode(register_request("node-r"))
     assert second.lease_id != first.lease_id
     assert not (await registry_stub.ListClaims(registry_pb2.ListClaimsRequest())).claims

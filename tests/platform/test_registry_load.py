@@ -20,17 +20,17 @@ def load_bench():
     return module
 
 
-async def test_ten_heartbeating_nodes_miss_no_lease_are_all_listed_and_leave_at_the_end(registry, registry_stub):
+async def test_ten_heartbeating_nodes_miss_no_lease_are_all_listed_and_leave_at_the_end(etcd, registry, registry_stub):
     bench = load_bench()
     nodes = 10
-    result = await bench.run_load(registry.address, nodes=nodes, seconds=3, ttl=3, claims_per_s=2)
+    result = await bench.run_load(registry.address, etcd.endpoint, nodes=nodes, seconds=3, ttl=3, claims_per_s=2)
 
     assert result.missed == set(), bench.table(result)
     assert result.listed_at_end == set(bench.node_ids(nodes))
     calls = result.recorder.latencies
     assert len(calls["RegisterNode"]) == nodes and len(calls["DeregisterNode"]) == nodes
     assert len(calls["KeepAliveNode"]) >= nodes  # every second, 3 s long
-    assert calls["ClaimGpus"] and len(calls["ClaimGpus"]) == len(calls["ReleaseGpus"])
+    assert calls["claim"] and len(calls["claim"]) == len(calls["release"])  # the planner's writes
     assert not any(result.recorder.errors.values()), result.recorder.errors
     assert "missed leases: 0" in bench.table(result)
     left = await registry_stub.ListNodes(registry_pb2.ListNodesRequest())

@@ -1,6 +1,6 @@
 """Security with certificates from deploy/make-certs.sh: mutual TLS between
-services, directives accepted only from the planner's identity, etcd over
-TLS, and no pickle on any wire. (Bearer tokens and a TLS server refusing a
+services, executors following only the registry's identity, etcd over TLS,
+and no pickle on any wire. (Bearer tokens and a TLS server refusing a
 plaintext client: test_auth_tls.py.)"""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import grpc
 import pytest
 from conftest import start_registry
 
-from omru.v1 import executor_pb2, executor_pb2_grpc, registry_pb2, registry_pb2_grpc
+from omru.v1 import registry_pb2, registry_pb2_grpc
 from platform_helpers import register_request, rpc_error
 from services.common import config as cfg
 from services.common.channels import open_channel
@@ -80,54 +80,6 @@ async def start_executor(certs: Path, registry: str, node_id: str, work_dir: Pat
                                 slots=2, ttl_seconds=10, work_dir=work_dir)
     running, _membership = await server.start(config)
     return running
-
-
-def start_directive(directive_id: str, job_id: str, node_id: str, index: int = 0, profile: bool = False) -> executor_pb2.Directive:
-    from tests.executor.service_builders import START, directive, gpu, tiny_job
-
-    d = directive(directive_id, START, tiny_job(job_id, epochs=1), [gpu(node_id, index)])
-    if profile:
-        d.profile.CopyFrom(executor_pb2.ProfileOptions(warmup_iters=1, measure_iters=1))
-    return d
-
-
-async def test_executor_takes_directives_only_from_the_planner_certificate(mtls_registry, certs, tmp_path):
-    from tests.executor.service_builders import STOP, directive, tiny_job
-
-    executor = await start_executor(certs, mtls_registry.address, "n1", tmp_path / "n1")
-    channels = {who: open_channel(executor.address, token=TOKEN, tls=tls(certs, who))
-                for who in ("client", "registry", "profiler", "planner")}
-    stubs = {who: executor_pb2_grpc.ExecutorServiceStub(c) for who, c in channels.items()}
-    try:
-        for who in ("client", "registry", "profiler"):  # same CA, valid token, not the planner
-            error = await rpc_error(stubs[who].StartJob(executor_pb2.StartJobRequest(directive=start_directive(f"d-{who}", "job-1", "n1"))))
-            assert error.code() == grpc.StatusCode.PERMISSION_DENIED, who
-            assert f"'omru-{who}'" in error.details() and "'omru-planner'" in error.details()
-        assert not (await stubs["client"].GetJobs(executor_pb2.GetJobsRequest())).jobs  # nothing was started
-        assert await _registry_claims(mtls_registry.address, certs, "job-1") == []
-
-        await stubs["planner"].StartJob(executor_pb2.StartJobRequest(directive=start_directive("d-planner", "job-1", "n1")), timeout=30)
-        assert [j.job_id for j in (await stubs["client"].GetJobs(executor_pb2.GetJobsRequest())).jobs] == ["job-1"]
-        stop = directive("d-stop", STOP, tiny_job("job-1"))
-        error = await rpc_error(stubs["profiler"].StopJob(executor_pb2.StopJobRequest(directive=stop)))
-        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-        await stubs["planner"].StopJob(executor_pb2.StopJobRequest(directive=stop), timeout=30)
-
-        # trials are the planner's allocations: the profiler cannot start one on an executor itself
-        trial = start_directive("t-1", "trial-1", "n1", index=1, profile=True)
-        error = await rpc_error(stubs["profiler"].StartJob(executor_pb2.StartJobRequest(directive=trial)))
-        assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "'omru-profiler'" in error.details()
-        assert await _registry_claims(mtls_registry.address, certs, "trial-1") == []
-    finally:
-        for c in channels.values():
-            await c.close()
-        await executor.stop(0)
-
-
-async def _registry_claims(address: str, certs: Path, job_id: str) -> list:
-    async with open_channel(address, token=TOKEN, tls=tls(certs, "client")) as channel:
-        reply = await registry_pb2_grpc.RegistryServiceStub(channel).ListClaims(registry_pb2.ListClaimsRequest(job_id=job_id))
-    return list(reply.claims)
 
 
 async def test_executor_follows_only_a_registry_whose_certificate_names_the_registry(etcd, certs, tmp_path):
@@ -218,7 +170,7 @@ def test_tls_options_name_the_bad_file_and_exit_2(tmp_path):
         (["services.registry.server", "--etcd-ca", missing], f"--etcd-ca {missing!r}"),
         (["services.registry.server", "--tls-cert", missing, "--tls-key", missing], f"--tls-cert {missing!r}"),
         (["services.registry.server", "--tls-ca", str(ROOT / "README.md")], "--tls-cert, --tls-key"),
-        (["services.executor.server", "--registry", "127.0.0.1:1", "--planner-identity", "not an id"], "'not an id'"),
+        (["services.executor.server", "--registry", "127.0.0.1:1", "--registry-identity", "not an id"], "'not an id'"),
         (["omru.cli.main", "status", "--tls-ca", missing], f"--tls-ca {missing!r}"),
     ]
     for argv, named in cases:

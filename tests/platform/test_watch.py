@@ -7,28 +7,29 @@ import asyncio
 from conftest import start_registry
 
 from omru.v1 import registry_pb2, registry_pb2_grpc
-from platform_helpers import Collector, gpu, register_request
+from platform_helpers import Collector, claim, register_request
 from services.common.channels import open_channel
+from services.planner.state import PlannerState
 
 Kind = registry_pb2.ClusterEventKind
 
 
-async def _write(stub, i: int) -> int:
-    """One registry write; returns its etcd revision."""
+async def _write(stub, store, i: int) -> int:
+    """One write of cluster state (a node registers, the planner claims or releases a GPU); its etcd revision."""
     if i % 3 == 0:
         return (await stub.RegisterNode(register_request(f"node-{i}", slots=1, ttl=60))).node.revision
     if i % 3 == 1:
-        return (await stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id=f"job-{i}", gpus=[gpu("node-w", i % 8)]))).revision
-    return (await stub.ReleaseGpus(registry_pb2.ReleaseGpusRequest(job_id=f"job-{i - 1}"))).revision
+        return (await claim(store, f"job-{i}", ("node-w", i % 8))).revision
+    return (await PlannerState(store).change(f"job-{i - 1}", release=[("node-w", (i - 1) % 8)])).revision
 
 
-async def test_a_watcher_that_reconnects_after_a_broken_stream_misses_no_event(etcd):
+async def test_a_watcher_that_reconnects_after_a_broken_stream_misses_no_event(etcd, etcd_store):
     first = await start_registry(etcd.endpoint)
     channel = open_channel(first.address)
     stub = registry_pb2_grpc.RegistryServiceStub(channel)
     start = (await stub.RegisterNode(register_request("node-w", slots=8, ttl=60))).node.revision
     watch = Collector(stub.WatchCluster(registry_pb2.WatchClusterRequest(after_revision=start)))
-    written = [await _write(stub, i) for i in range(9)]
+    written = [await _write(stub, etcd_store, i) for i in range(9)]
     await watch.wait_for(lambda e: e.revision == written[-1])
 
     await first.stop(0)  # the stream breaks with the server
@@ -40,9 +41,9 @@ async def test_a_watcher_that_reconnects_after_a_broken_stream_misses_no_event(e
     second = await start_registry(etcd.endpoint)
     channel = open_channel(second.address)
     stub = registry_pb2_grpc.RegistryServiceStub(channel)
-    written += [await _write(stub, i) for i in range(9, 18)]  # while nobody watches
+    written += [await _write(stub, etcd_store, i) for i in range(9, 18)]  # while nobody watches
     resumed = Collector(stub.WatchCluster(registry_pb2.WatchClusterRequest(after_revision=seen_before[-1])))
-    written += [await _write(stub, i) for i in range(18, 24)]
+    written += [await _write(stub, etcd_store, i) for i in range(18, 24)]
     await resumed.wait_for(lambda e: e.revision == written[-1])
 
     revisions = seen_before + [r.revision for r in resumed.responses]
@@ -54,10 +55,10 @@ async def test_a_watcher_that_reconnects_after_a_broken_stream_misses_no_event(e
     await second.stop(0)
 
 
-async def test_a_transaction_over_several_keys_arrives_as_one_response(registry_stub):
+async def test_a_transaction_over_several_keys_arrives_as_one_response(registry_stub, etcd_store):
     node = await registry_stub.RegisterNode(register_request("node-t", slots=4))
     watch = Collector(registry_stub.WatchCluster(registry_pb2.WatchClusterRequest(after_revision=node.node.revision)))
-    claimed = await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="j", gpus=[gpu("node-t", i) for i in range(4)]))
+    claimed = await claim(etcd_store, "j", *(("node-t", i) for i in range(4)))
     await watch.wait_for(lambda e: e.revision == claimed.revision)
     [response] = watch.responses
     assert response.revision == claimed.revision
@@ -68,7 +69,7 @@ async def test_a_transaction_over_several_keys_arrives_as_one_response(registry_
 
 async def test_a_watch_from_a_compacted_revision_resyncs_with_the_full_state_then_continues(registry_stub, etcd_store):
     old = (await registry_stub.RegisterNode(register_request("node-c", slots=2))).node.revision
-    await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="old", gpus=[gpu("node-c", 0)]))
+    await claim(etcd_store, "old", ("node-c", 0))
     compact_at = await etcd_store.revision()
     await etcd_store._client.compact(compact_at)  # noqa: SLF001 (test set-up: make history unavailable)
 
@@ -78,18 +79,18 @@ async def test_a_watch_from_a_compacted_revision_resyncs_with_the_full_state_the
     first = watch.responses[0]
     kinds = sorted(Kind.Name(e.kind) for e in first.events)
     assert kinds == sorted(["CLUSTER_EVENT_KIND_RESYNC", "CLUSTER_EVENT_KIND_NODE_ADDED", "CLUSTER_EVENT_KIND_GPU_CLAIMED"])
-    later = (await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="new", gpus=[gpu("node-c", 1)]))).revision
+    later = (await claim(etcd_store, "new", ("node-c", 1))).revision
     event = await watch.wait_for(lambda e: e.revision == later)
     assert event.claim.job_id == "new"
     await watch.close()
 
 
-async def test_watch_from_zero_starts_now(registry_stub):
+async def test_watch_from_zero_starts_now(registry_stub, etcd_store):
     await registry_stub.RegisterNode(register_request("node-z", slots=2, ttl=60))
-    await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="before", gpus=[gpu("node-z", 0)]))
+    await claim(etcd_store, "before", ("node-z", 0))
     watch = Collector(registry_stub.WatchCluster(registry_pb2.WatchClusterRequest(after_revision=0)))
     await asyncio.sleep(0.3)  # let the watch start
-    after = (await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="after", gpus=[gpu("node-z", 1)]))).revision
+    after = (await claim(etcd_store, "after", ("node-z", 1))).revision
     await watch.wait_for(lambda e: e.revision == after)
     assert [e.claim.job_id for e in watch.events] == ["after"]
     await watch.close()

@@ -119,18 +119,18 @@ async def test_a_count_spanning_nodes_runs_one_trial_across_both_executors(etcd,
         on_a.close(), on_b.close()
 
 
-async def test_a_trial_waits_queued_while_its_gpus_are_taken_then_runs(etcd, registry, registry_stub, tmp_path):
-    from omru.v1 import common_pb2, registry_pb2
+async def test_a_trial_waits_queued_while_its_gpus_are_taken_then_runs(etcd, etcd_store, registry, tmp_path):
+    from services.planner.state import PlannerState
+    from tests.platform.platform_helpers import claim
 
     async with executors(registry.address, tmp_path, ("n1", 2)) as _, profiler(etcd.endpoint, registry.address) as stub:
-        busy = common_pb2.GpuRef(node_id="n1", index=1)
-        await registry_stub.ClaimGpus(registry_pb2.ClaimGpusRequest(job_id="other", gpus=[busy]), timeout=10)
+        assert (await claim(etcd_store, "other", ("n1", 1))).succeeded  # (as the planner claims for a job)
         call = stub.Profile(P.ProfileRequest(job=tiny_job("q"), gpu_counts=[2]), timeout=240)
         steps = []
         async for reply in call:
             steps.append(reply.progress)
             if reply.progress.state == P.PROFILE_STATE_QUEUED:
                 assert reply.progress.gpus == 2 and "free" in reply.progress.message
-                await registry_stub.ReleaseGpus(registry_pb2.ReleaseGpusRequest(job_id="other"), timeout=10)
+                assert (await PlannerState(etcd_store).change("other", release=[("n1", 1)])).succeeded
         states = [s.state for s in steps]
         assert P.PROFILE_STATE_QUEUED in states and states[-1] == P.PROFILE_STATE_DONE
