@@ -115,8 +115,13 @@ def test_an_unreachable_planner_exits_3_naming_it(free_port, capsys):
     assert err.count("\n") == 1, err
     assert err.startswith(f"omru: cannot reach the planner at {address} (no cluster running? start one with "
                           "`omru up`, or set --planner / $OMRU_PLANNER)"), err
-    assert main(["submit", "examples/demo.yaml", "--planner", address]) == 3
-    assert address in capsys.readouterr().err
+    for argv in (["submit", "examples/demo.yaml"], ["watch"], ["report"], ["cancel", "x"], ["logs", "x"]):
+        assert main([*argv, "--planner", address]) == 3, argv
+        assert f"cannot reach the planner at {address}" in capsys.readouterr().err, argv
+    assert main(["logs", "x", "--registry", address]) == 3
+    assert f"cannot reach the registry at {address}" in capsys.readouterr().err
+    assert main(["nodes", "--registry", address]) == 3
+    assert f"cannot reach the registry at {address}" in capsys.readouterr().err
     assert main(["status", "--planner", "nohostport"]) == 2  # usage stays 2
     assert "is not host:port" in capsys.readouterr().err
 

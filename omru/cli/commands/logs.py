@@ -60,7 +60,7 @@ def _direct(args, out: "_Printer") -> int:
     """--registry: read through services.planner.logs here, as the planner would."""
     import asyncio
 
-    from omru.cli.main import CliError
+    from omru.cli.errors import CliError, unreachable
     from services.planner import logs
 
     conn = plannerargs.connection(args, "registry")
@@ -70,7 +70,13 @@ def _direct(args, out: "_Printer") -> int:
             async for c in logs.read(conn.address, args.job, args.attempt, args.rank, args.follow, args.timeout,
                                      token=conn.token, tls=plannerargs.tls_of(conn)):
                 out.write(c.node_id, c.rank, c.data)
-        except (logs.NoLogs, logs.BadRequest, logs.NodeFailed) as exc:
+        except logs.NodeFailed as exc:
+            # the registry itself not there (services.planner.logs names it first): exit 3, like the planner
+            if str(exc).startswith(f"registry {conn.address}: UNAVAILABLE:") or \
+                    str(exc).startswith(f"registry {conn.address}: DEADLINE_EXCEEDED:"):
+                raise unreachable("registry", conn.address, conn.source) from None
+            raise CliError(str(exc)) from None
+        except (logs.NoLogs, logs.BadRequest) as exc:
             raise CliError(str(exc)) from None
         finally:
             out.flush()
