@@ -143,6 +143,9 @@ def test_with_no_cluster_known_down_nodes_and_profile_exit_3(clean_env, capsys):
     assert "no registry address" in capsys.readouterr().err
     assert main(["profile", "--model", "resnet18", "--dataset", "digits"]) == 3
     assert "no profiler address" in capsys.readouterr().err
+    context.write(_ctx(pid=0, started=""))  # written by hand for a remote cluster: kept
+    assert main(["down"]) == 3
+    assert "names no `omru up` process" in capsys.readouterr().err and clean_env.exists()
     context.write(_ctx(pid=2 ** 22 + 1, started="4194305:1"))  # a cluster that is gone
     assert main(["down"]) == 3
     assert "is not running" in capsys.readouterr().err and not clean_env.exists()

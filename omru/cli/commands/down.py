@@ -48,6 +48,8 @@ def handle(args) -> int:
         raise CliError(f"{exc} (remove it by hand)") from None
     if ctx is None:
         raise Unreachable(f"no cluster to stop: no context at {where} (`omru up` writes it; $OMRU_CONTEXT moves it)")
+    if ctx.pid <= 0:  # written by hand for a cluster omru up did not start: not ours to stop or remove
+        raise Unreachable(f"the context {where} names no `omru up` process: nothing here to stop (context kept)")
     if not context.alive(ctx):
         context.remove_if_own(ctx.started, where)
         raise Unreachable(f"the cluster of {where} is not running (omru up pid {ctx.pid} is gone); context removed")
