@@ -26,14 +26,14 @@ class Unreachable(Exception):
     """A service cannot be reached, or no cluster is known: printed as one line, exit code 3."""
 
 
-#: The service the command talks to now: (name, address, where the address came from).
-_target: tuple[str, str, str] | None = None
+#: The service the command talks to now: (name, address, where the address came from, speaks TLS).
+_target: tuple[str, str, str, bool] | None = None
 
 
-def note_target(service: str, address: str, source: str = "") -> None:
+def note_target(service: str, address: str, source: str = "", tls: bool = False) -> None:
     """Remember what the command is about to call, so an UNAVAILABLE can name it."""
     global _target
-    _target = (service, address, source)
+    _target = (service, address, source, tls)
 
 
 def hint(service: str, source: str = "") -> str:
@@ -56,24 +56,43 @@ def unreachable(service: str, address: str, source: str = "", details: str = "")
     return Unreachable(f"{text} ({hint(service, source)})")
 
 
-def from_rpc(exc, service: str | None = None, address: str | None = None, source: str = "") -> Exception | None:
+#: What gRPC says when it never got a connection (as opposed to a service's own UNAVAILABLE message).
+_CONNECT_FAILED = ("failed to connect", "connections to all backends failing", "dns resolution failed",
+                   "name resolution", "connect failed", "socket closed", "connection refused")
+
+
+def from_rpc(exc, service: str | None = None, address: str | None = None, source: str = "",
+             tls: bool | None = None) -> Exception | None:
     """The Unreachable of an RpcError that means the service is not there (UNAVAILABLE, or no answer
-    in time), else None."""
+    in time), else None.
+
+    Nothing listening (connection refused): the plain one line with the hint. A connection that
+    failed otherwise (closed, reset, a TLS handshake refused: TLS in use or named) keeps gRPC's last
+    error in brackets, since then the address is right and the cause is what helps. A service's own
+    UNAVAILABLE (a standby planner naming the leader) is quoted."""
     import grpc
 
     code = exc.code() if hasattr(exc, "code") else None
     if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return None
+    noted = _target or ("service", "its address", "", False)
     if service is None or address is None:
-        service, address, source = _target or ("service", "its address", "")
-    details = (exc.details() or "") if hasattr(exc, "details") else ""
+        service, address, source = noted[:3]
+    if tls is None:
+        tls = noted[3] if (noted[0], noted[1]) == (service, address) else False
+    details = " ".join(((exc.details() or "") if hasattr(exc, "details") else "").split())
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return Unreachable(f"the {service} at {address} did not answer in time ({hint(service, source)})")
-    generic = ("failed to connect", "connection refused", "connections to all backends failing", "socket closed",
-               "dns resolution failed", "name resolution", "connect failed", "deadline exceeded")
-    if not details or any(g in details.lower() for g in generic):
-        details = ""
-    return unreachable(service, address, source, details)
+    low = details.lower()
+    if not details or "connection refused" in low:
+        return unreachable(service, address, source)
+    if any(g in low for g in _CONNECT_FAILED):
+        cause = details.split("last error:")[-1].strip()[:300]
+        if tls or any(w in low for w in ("ssl", "tls", "handshake", "certificate")):
+            return Unreachable(f"cannot reach the {service} at {address}: the connection failed, perhaps in the TLS "
+                               f"handshake (check --tls-ca, --tls-cert, --tls-key or $OMRU_TLS_*) [{cause}]")
+        return Unreachable(f"cannot reach the {service} at {address} ({hint(service, source)}) [{cause}]")
+    return unreachable(service, address, source, details[:300])
 
 
 def run(command: str, func, args) -> int:

@@ -47,7 +47,7 @@ def connection(args: argparse.Namespace, service: str, flag: str | None = None, 
         where = {"flag": f"--{flag}", "env": f"${context.ADDRESS_ENV.get(service, '')}",
                  "context": f"the context's {service}"}.get(conn.source, f"--{flag}")
         raise CliError(f"{where} {conn.address!r} is not host:port")
-    note_target(service, conn.address, conn.source)
+    note_target(service, conn.address, conn.source, bool(conn.tls_ca or conn.tls_cert))
     return conn
 
 

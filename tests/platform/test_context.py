@@ -170,3 +170,35 @@ def test_version():
     except metadata.PackageNotFoundError:
         expected = omru.__version__
     assert done.stdout.strip() == f"omru {expected}"
+
+
+class _Rpc(Exception):
+    def __init__(self, code, details):
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+def test_an_unavailable_service_says_why_in_one_line():
+    import grpc
+
+    from omru.cli.errors import from_rpc
+
+    U = grpc.StatusCode.UNAVAILABLE
+    refused = "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:9: Connection refused"
+    closed = "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:9: Socket closed"
+    a = "127.0.0.1:9"
+    assert str(from_rpc(_Rpc(U, refused), "planner", a)) == (
+        f"cannot reach the planner at {a} (no cluster running? start one with `omru up`, or set --planner / $OMRU_PLANNER)")
+    assert str(from_rpc(_Rpc(U, closed), "planner", a, tls=True)).endswith(
+        "perhaps in the TLS handshake (check --tls-ca, --tls-cert, --tls-key or $OMRU_TLS_*) "
+        "[UNAVAILABLE: ipv4:127.0.0.1:9: Socket closed]")
+    assert "[UNAVAILABLE: ipv4:127.0.0.1:9: Socket closed]" in str(from_rpc(_Rpc(U, closed), "planner", a, tls=False))
+    standby = "not the leader; the leader is planner-b at 10.0.0.2:50051"
+    assert str(from_rpc(_Rpc(U, standby), "planner", a)).startswith(f"the planner at {a} is unavailable: {standby} (")
+    assert "did not answer in time" in str(from_rpc(_Rpc(grpc.StatusCode.DEADLINE_EXCEEDED, ""), "registry", a))
+    assert from_rpc(_Rpc(grpc.StatusCode.NOT_FOUND, "no job"), "planner", a) is None
