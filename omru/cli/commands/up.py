@@ -10,7 +10,7 @@ import argparse
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "up",
-        help="start a local cluster and run it until Ctrl-C",
+        help="start a local cluster and run it until Ctrl-C (--detach: in the background until omru down)",
         description=(
             "Start etcd (unless --etcd), the registry, profiler, planner and N executors, each on its own "
             "loopback port (and its Prometheus metrics on another); print one JSON line with their addresses; restart a child that exits (same port, "
@@ -107,13 +107,11 @@ def _context_of(ready: dict, log: str | None):
 
 def detach(args: argparse.Namespace) -> int:
     """Start `omru up` (these arguments, without --detach) in a new session with its output in up.log
-    beside the context; print its ready line once ready (exit 0), else its last lines (exit 1)."""
-    import json
+    beside the context; print its ready line once ready (exit 0), else its last lines (exit 2 when it
+    exited with 2, a usage error, else 1). Interrupted while waiting, it stops the cluster it started."""
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     from omru import context
 
@@ -126,7 +124,34 @@ def detach(args: argparse.Namespace) -> int:
         proc = subprocess.Popen([sys.executable, "-m", "omru", "up", *argv, "--detached-log", str(log)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                                 env={**os.environ, "OMRU_CONTEXT": str(where)})
-    deadline = time.monotonic() + args.ready_timeout
+    try:
+        return _await_ready(proc, log, args.ready_timeout)
+    except KeyboardInterrupt:
+        _stop_group(proc)
+        raise
+
+
+def _stop_group(proc) -> None:
+    import os
+    import signal
+    import subprocess
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _await_ready(proc, log, timeout: float) -> int:
+    import json
+    import sys
+    import time
+
+    deadline = time.monotonic() + timeout
     seen = 0
     while True:
         text = log.read_text(errors="replace")
@@ -148,14 +173,9 @@ def detach(args: argparse.Namespace) -> int:
         code = proc.poll()
         if code is not None or time.monotonic() > deadline:
             if code is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                _stop_group(proc)
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-10:])
-            why = f"exited with status {code}" if code is not None else f"was not ready within {args.ready_timeout:g} s"
+            why = f"exited with status {code}" if code is not None else f"was not ready within {timeout:g} s"
             print(f"omru up --detach: the cluster {why}; {log} ends:\n{tail}", file=sys.stderr)
             return 2 if code == 2 else 1
         time.sleep(0.1)
