@@ -22,6 +22,13 @@ Errors surface as `grpc.aio.AioRpcError` / the status code the planner chose
 (INVALID_ARGUMENT names each bad value, NOT_FOUND an unknown job).
 Against a planner serving TLS pass ``tls=TlsConfig(ca_file=..., cert_file=...,
 key_file=...)`` (services.common.config; the certificate only for mutual TLS).
+
+Without an address (``SyncClient()``) the client finds the planner as the
+command line does: ``$OMRU_PLANNER``, else the context `omru up` wrote
+(omru.context: ``$OMRU_CONTEXT`` or ``~/.config/omru/context.json``), else
+127.0.0.1:50051; a token or TLS not given comes from ``$OMRU_AUTH_TOKEN`` /
+``$OMRU_TLS_CA``... else from the context when the address is one it names
+(`connect_options`).
 """
 
 from __future__ import annotations
@@ -178,10 +185,30 @@ def _requests(jobs, policy: str):
     return req
 
 
-class Client:
-    """Asyncio client of PlannerService (use as ``async with Client(addr) as c``)."""
+def connect_options(address: str | None = None, token: str | None = None, tls=None, service: str = "planner"):
+    """(address, token, tls) to reach `service`: what is given, else the environment, else the context
+    `omru up` wrote, else (the planner) 127.0.0.1:50051 (see omru.context.resolve). tls: a TlsConfig or None."""
+    from pathlib import Path
 
-    def __init__(self, address: str, token: str | None = None, deadline_s: float = 10.0, tls=None) -> None:
+    from omru import context
+
+    conn = context.resolve(service, address, token,
+                           default=context.DEFAULT_PLANNER if service == "planner" else None)
+    if conn.address is None:
+        raise ValueError(f"no {service} address: pass one, set ${context.ADDRESS_ENV[service]}, or start a cluster "
+                         f"with `omru up` (context {context.path()})")
+    if tls is None and (conn.tls_ca or conn.tls_cert or conn.tls_key):
+        from services.common.config import TlsConfig
+
+        tls = TlsConfig(*(Path(p) if p else None for p in (conn.tls_cert, conn.tls_key, conn.tls_ca)))
+    return conn.address, conn.token, tls
+
+
+class Client:
+    """Asyncio client of PlannerService (use as ``async with Client(addr) as c``; no address: `connect_options`)."""
+
+    def __init__(self, address: str | None = None, token: str | None = None, deadline_s: float = 10.0, tls=None) -> None:
+        address, token, tls = connect_options(address, token, tls)
         self.address = address
         self.token = token
         self.deadline_s = deadline_s
@@ -315,12 +342,16 @@ class Client:
 class SyncClient:
     """Blocking wrapper of `Client` (its own event loop on a daemon thread)."""
 
-    def __init__(self, address: str, token: str | None = None, deadline_s: float = 10.0, tls=None) -> None:
+    def __init__(self, address: str | None = None, token: str | None = None, deadline_s: float = 10.0, tls=None) -> None:
+        self._client = Client(address, token=token, deadline_s=deadline_s, tls=tls)  # resolves the address first
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="omru-client", daemon=True)
         self._thread.start()
-        self._client = Client(address, token=token, deadline_s=deadline_s, tls=tls)
         self._run(self._client.__aenter__())
+
+    @property
+    def address(self) -> str:
+        return self._client.address
 
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -379,4 +410,4 @@ class SyncClient:
             self._run(agen.aclose())
 
 
-__all__ = ["Client", "SyncClient", "JobStatus", "PlanInfo", "ReportInfo", "JobResult", "PlannedSegment", "LogChunk"]
+__all__ = ["Client", "SyncClient", "connect_options", "JobStatus", "PlanInfo", "ReportInfo", "JobResult", "PlannedSegment", "LogChunk"]

@@ -10,6 +10,9 @@ server on port 0, helpers to start service processes and pick free ports.
     free_port         function returning a free loopback port
     start_service     async function(module, *args) -> ServiceProcess that is
                       ready (stopped at teardown); logs under tmp_path
+
+Every test has a context file of its own ($OMRU_CONTEXT under its tmp_path):
+an `omru up` a test starts never writes, and no command reads, the user's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from services.common.cluster import EtcdProcess, ServiceProcess, child_env, free_port as _free_port, service_argv, wait_ready  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def own_context(tmp_path, monkeypatch):
+    """$OMRU_CONTEXT in the test's own folder (omru/context.py)."""
+    monkeypatch.setenv("OMRU_CONTEXT", str(tmp_path / "omru-context.json"))
 
 
 @pytest.fixture

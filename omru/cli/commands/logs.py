@@ -59,21 +59,24 @@ def handle(args) -> int:
 def _direct(args, out: "_Printer") -> int:
     """--registry: read through services.planner.logs here, as the planner would."""
     import asyncio
-    import os
 
-    from omru.cli.main import CliError
+    from omru.cli.errors import CliError, unreachable
     from services.planner import logs
 
-    host, sep, port = args.registry.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise CliError(f"--registry {args.registry!r} is not host:port")
+    conn = plannerargs.connection(args, "registry")
 
     async def read() -> None:
         try:
-            async for c in logs.read(args.registry, args.job, args.attempt, args.rank, args.follow, args.timeout,
-                                     token=args.token or os.environ.get("OMRU_AUTH_TOKEN"), tls=plannerargs.tls(args)):
+            async for c in logs.read(conn.address, args.job, args.attempt, args.rank, args.follow, args.timeout,
+                                     token=conn.token, tls=plannerargs.tls_of(conn)):
                 out.write(c.node_id, c.rank, c.data)
-        except (logs.NoLogs, logs.BadRequest, logs.NodeFailed) as exc:
+        except logs.NodeFailed as exc:
+            # the registry itself not there (services.planner.logs names it first): exit 3, like the planner
+            if str(exc).startswith(f"registry {conn.address}: UNAVAILABLE:") or \
+                    str(exc).startswith(f"registry {conn.address}: DEADLINE_EXCEEDED:"):
+                raise unreachable("registry", conn.address, conn.source) from None
+            raise CliError(str(exc)) from None
+        except (logs.NoLogs, logs.BadRequest) as exc:
             raise CliError(str(exc)) from None
         finally:
             out.flush()

@@ -10,7 +10,6 @@ the `omru simulate` format (job,epochs,gpus,epoch_seconds).
 from __future__ import annotations
 
 import argparse
-import os
 
 from omru.cli import plannerargs
 
@@ -35,8 +34,9 @@ def register(subparsers) -> None:
     p.add_argument("--refresh", action="store_true", help="measure again even when a stored profile exists")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     p.add_argument("--csv", metavar="FILE", help="write job,epochs,gpus,epoch_seconds rows to FILE")
-    p.add_argument("--profiler", default=None, help=f"profiler address host:port (default ${PROFILER_ENV}; `omru up` prints it)")
-    p.add_argument("--token", default=None, help="bearer token (default: $OMRU_AUTH_TOKEN)")
+    p.add_argument("--profiler", default=None,
+                   help=f"profiler address host:port (default ${PROFILER_ENV}, else the context `omru up` wrote)")
+    plannerargs.add_token(p)
     plannerargs.add_tls(p)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the whole profile (default 1800)")
     p.set_defaults(func=handle)
@@ -51,18 +51,6 @@ def _counts(text: str) -> list[int]:
             raise CliError(f"--gpus {text!r}: {part!r} is not a GPU count >= 1")
         counts.append(int(part))
     return counts
-
-
-def _address(args) -> str:
-    from omru.cli.main import CliError
-
-    address = args.profiler or os.environ.get(PROFILER_ENV)
-    if not address:
-        raise CliError(f"no profiler address: pass --profiler HOST:PORT or set ${PROFILER_ENV} (`omru up` prints it as \"profiler\")")
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise CliError(f"--profiler {address!r} is not host:port")
-    return address
 
 
 def csv_rows(job: str, epochs: int, profile) -> str:
@@ -82,13 +70,14 @@ def handle(args) -> int:
     counts = _counts(args.gpus)
     if args.epochs < 1:
         raise CliError(f"--epochs {args.epochs} is below 1")
-    address = _address(args)
-    tls = plannerargs.tls(args)
+    conn = plannerargs.connection(args, "profiler")
+    address, tls = conn.address, plannerargs.tls_of(conn)
 
     async def run():
         import grpc
         from google.protobuf.json_format import MessageToDict
 
+        from omru.cli.errors import from_rpc
         from omru.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
         from services.common.channels import open_channel
 
@@ -98,7 +87,7 @@ def handle(args) -> int:
         request = profiler_pb2.ProfileRequest(job=job, gpu_counts=counts, max_gpus=args.max_gpus, full_epoch=args.full_epoch,
                                               refresh=args.refresh)
         names = profiler_pb2.ProfileState.Name
-        async with open_channel(address, token=args.token or os.environ.get("OMRU_AUTH_TOKEN"), tls=tls) as channel:
+        async with open_channel(address, token=conn.token, tls=tls) as channel:
             stub = profiler_pb2_grpc.ProfilerServiceStub(channel)
             final = None
             try:
@@ -112,6 +101,8 @@ def handle(args) -> int:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     raise CliError(f"profiler said INVALID_ARGUMENT: {exc.details()}") from None
+                if final is None and (gone := from_rpc(exc)) is not None:  # never reached it
+                    raise gone from None
                 raise RuntimeError(f"profiler at {address} said {exc.code().name}: {exc.details()}") from None
         if final is None or final.state != profiler_pb2.PROFILE_STATE_DONE:
             raise RuntimeError(final.message if final is not None else "the profiler ended without a result")

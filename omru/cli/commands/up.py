@@ -10,7 +10,7 @@ import argparse
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "up",
-        help="start a local cluster and run it until Ctrl-C",
+        help="start a local cluster and run it until Ctrl-C (--detach: in the background until omru down)",
         description=(
             "Start etcd (unless --etcd), the registry, profiler, planner and N executors, each on its own "
             "loopback port (and its Prometheus metrics on another); print one JSON line with their addresses; restart a child that exits (same port, "
@@ -32,6 +32,12 @@ def register(subparsers) -> None:
                         help="serve no Prometheus metrics (default: every service serves /metrics on a free port "
                              "of 127.0.0.1, named in the ready line's \"metrics\")")
     parser.add_argument("--work-dir", default=None, help="directory for logs, etcd data and checkpoints (default: a temp dir, removed at exit)")
+    parser.add_argument("--detach", "-d", action="store_true",
+                        help="run the cluster in the background (its own process group, output to up.log beside "
+                             "the context file), print the ready line once it is ready and exit 0; `omru down` stops it")
+    parser.add_argument("--ready-timeout", type=float, default=180.0,
+                        help="with --detach: seconds to wait for the ready line before stopping it (default 180)")
+    parser.add_argument("--detached-log", default=None, help=argparse.SUPPRESS)  # set by --detach for the child
     parser.set_defaults(func=handle)
 
 
@@ -48,6 +54,8 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"--ttl {args.ttl} is not in 1..3600")
     if not 0 <= args.max_restarts <= 1000:
         raise CliError(f"--max-restarts {args.max_restarts} is not in 0..1000")
+    if not 1 <= args.ready_timeout <= 3600:
+        raise CliError(f"--ready-timeout {args.ready_timeout} is not in 1..3600")
     if args.etcd is not None:
         host, sep, port = args.etcd.removeprefix("http://").rpartition(":")
         if not sep or not host or not port.isdigit():
@@ -55,17 +63,143 @@ def _check(args: argparse.Namespace) -> None:
         args.etcd = f"{host}:{port}"
 
 
+def _running():
+    """The context, when it names an `omru up` that still runs (else None: none, stale or unreadable)."""
+    from omru import context
+
+    try:
+        ctx = context.load()
+    except context.ContextError:
+        return None  # unreadable: replaced once this cluster is ready
+    return ctx if ctx is not None and context.alive(ctx) else None
+
+
+def _child_argv(args: argparse.Namespace) -> list[str]:
+    """The arguments of `omru up` that --detach passes on to the cluster it starts."""
+    import os
+
+    argv = ["--nodes", str(args.nodes), "--slots-per-node", str(args.slots), "--port", str(args.port),
+            "--ttl", str(args.ttl), "--max-restarts", str(args.max_restarts)]
+    if args.etcd:
+        argv += ["--etcd", args.etcd]
+    if args.no_warm_workers:
+        argv.append("--no-warm-workers")
+    if args.no_metrics:
+        argv.append("--no-metrics")
+    if args.work_dir:
+        argv += ["--work-dir", os.path.abspath(args.work_dir)]
+    return argv
+
+
+def _context_of(ready: dict, log: str | None):
+    import os
+    import time
+
+    from omru import context
+
+    return context.Context(
+        planner=ready["planner"], registry=ready["registry"], profiler=ready["profiler"], etcd=ready["etcd"] or "",
+        executors=list(ready["executors"]), metrics=dict(ready.get("metrics") or {}),
+        token=os.environ.get("OMRU_AUTH_TOKEN") or None, pid=os.getpid(),
+        started=context.process_identity(os.getpid()) or f"{os.getpid()}:", started_unix_s=round(time.time(), 3),
+        work_dir=ready.get("work_dir", ""), log=log or "")
+
+
+def detach(args: argparse.Namespace) -> int:
+    """Start `omru up` (these arguments, without --detach) in a new session with its output in up.log
+    beside the context; print its ready line once ready (exit 0), else its last lines (exit 2 when it
+    exited with 2, a usage error, else 1). Interrupted while waiting, it stops the cluster it started."""
+    import os
+    import subprocess
+    import sys
+
+    from omru import context
+
+    where = context.path()
+    where.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log = where.parent / "up.log"
+    argv = _child_argv(args)
+    with open(log, "wb") as out:
+        os.chmod(log, 0o600)
+        proc = subprocess.Popen([sys.executable, "-m", "omru", "up", *argv, "--detached-log", str(log)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                                env={**os.environ, "OMRU_CONTEXT": str(where)})
+    try:
+        return _await_ready(proc, log, args.ready_timeout)
+    except KeyboardInterrupt:
+        _stop_group(proc)
+        raise
+
+
+def _stop_group(proc) -> None:
+    import os
+    import signal
+    import subprocess
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _await_ready(proc, log, timeout: float) -> int:
+    import json
+    import sys
+    import time
+
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while True:
+        text = log.read_text(errors="replace")
+        for line in text[seen:].splitlines(keepends=True):
+            if not line.endswith("\n"):
+                break
+            seen += len(line)
+            if not line.startswith("{"):
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("ready") is True:
+                print(line.rstrip("\n"), flush=True)
+                return 0
+            if event.get("ready") is False:
+                print(line.rstrip("\n"), flush=True)
+        code = proc.poll()
+        if code is not None or time.monotonic() > deadline:
+            if code is None:
+                _stop_group(proc)
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-10:])
+            why = f"exited with status {code}" if code is not None else f"was not ready within {timeout:g} s"
+            print(f"omru up --detach: the cluster {why}; {log} ends:\n{tail}", file=sys.stderr)
+            return 2 if code == 2 else 1
+        time.sleep(0.1)
+
+
 def handle(args: argparse.Namespace) -> int:
     import json
     import os
     import signal
+    import sys
     import threading
     from pathlib import Path
 
+    from omru import context
     from omru.cli.main import CliError
     from services.common.cluster import LaunchError, LocalCluster, RestartPolicy
 
     _check(args)
+    running = _running()
+    if running is not None and (args.detach or args.detached_log):
+        raise CliError(f"a cluster is already running (omru up pid {running.pid}, planner {running.planner}; context "
+                       f"{context.path()}): stop it with `omru down`, or set $OMRU_CONTEXT to use another context")
+    if args.detach:
+        return detach(args)
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -89,10 +223,27 @@ def handle(args: argparse.Namespace) -> int:
         cluster.start()
     except LaunchError as exc:
         raise CliError(str(exc).splitlines()[0] + f" (logs under {cluster.work_dir / 'logs'})") from exc
+    own = None
     try:
-        print(json.dumps(cluster.ready_line()), flush=True)
+        ready = cluster.ready_line()
+        other = _running()
+        if other is not None:  # a context stays with the cluster it names while that one runs
+            print(f"omru up: warning: the context {context.path()} names another running cluster (omru up pid "
+                  f"{other.pid}); this one is not written to it: pass its addresses, or set $OMRU_CONTEXT",
+                  file=sys.stderr, flush=True)
+        else:
+            try:  # the context first: once the ready line is out, every command finds the cluster
+                own = _context_of(ready, args.detached_log)
+                ready["context"] = str(context.write(own))
+            except OSError as exc:
+                own = None
+                print(f"omru up: warning: no context written ({context.path()}: {exc.strerror}); "
+                      f"commands need --planner etc.", file=sys.stderr, flush=True)
+        print(json.dumps(ready), flush=True)
         # {"restarted": ...} per restart; {"ready": false, "exited": [...], "reason": ...} and 1 past the limit
         return cluster.supervise(stop, lambda event: print(json.dumps(event), flush=True),
                                  RestartPolicy(max_restarts=args.max_restarts))
     finally:
+        if own is not None:
+            context.remove_if_own(own.started)
         cluster.stop()
