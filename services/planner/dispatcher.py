@@ -71,10 +71,12 @@ Gpu = tuple[str, int]
 
 #: Plans whose makespans differ by less than this share count as equal (see policies/omru.py).
 MAKESPAN_TOLERANCE = 0.02
-#: A replan waits until no change came for this many seconds (a big submission comes in several calls),
-#: but no longer than REPLAN_QUIET_MAX_S.
+#: A replan waits until no change came for this many seconds, but no longer than REPLAN_QUIET_MAX_S, and
+#: while submissions are being handled (a big batch comes in several concurrent calls, planned together)
+#: up to SUBMISSIONS_WAIT_MAX_S.
 REPLAN_QUIET_S = 0.2
 REPLAN_QUIET_MAX_S = 2.0
+SUBMISSIONS_WAIT_MAX_S = 10.0
 #: Seconds between passes over the plan when no event asks for one.
 FOLLOW_EVERY_S = 5.0
 #: Seconds before a refused claim is tried again.
@@ -138,6 +140,7 @@ class Dispatcher:
         self._followers: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
         self._dirty = asyncio.Event()
+        self._submissions = 0  # submissions being handled (`submitting`)
         self._job_watchers: set[asyncio.Queue] = set()
         self.owner: dict[Gpu, str] = {}  # GPU -> the job whose claim holds it (this planner writes claims)
         self._profiling: set[str] = set()
@@ -256,6 +259,15 @@ class Dispatcher:
         return r
 
     # submit / cancel -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def submitting(self):
+        """Held while a submission is handled (validated, then stored): the replan waits for it."""
+        self._submissions += 1
+        try:
+            yield
+        finally:
+            self._submissions -= 1
 
     async def submit(self, records: list[JobRecord]) -> tuple[bool, list[str]]:
         """Store new jobs (all or nothing); (created, ids that existed)."""
@@ -615,8 +627,10 @@ class Dispatcher:
     async def _replan_loop(self) -> None:
         while True:
             await self._dirty.wait()
-            quiet_until = time.monotonic() + REPLAN_QUIET_MAX_S
-            while self._dirty.is_set() and time.monotonic() < quiet_until:  # a burst of changes makes one plan
+            began = time.monotonic()
+            # a burst of changes makes one plan, and so do the calls of a submission made in several
+            while (self._dirty.is_set() and time.monotonic() < began + REPLAN_QUIET_MAX_S) or (
+                    self._submissions and time.monotonic() < began + SUBMISSIONS_WAIT_MAX_S):
                 self._dirty.clear()
                 await asyncio.sleep(REPLAN_QUIET_S)
             self._dirty.clear()

@@ -59,19 +59,20 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             await abort_invalid(context, "policy", f"unknown policy {shown(request.policy)}; known: {', '.join(registry.names())}")
         if not request.jobs:
             await abort_invalid(context, "jobs", "is empty")
-        problems, records = await self._validate(request)
-        if problems:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
-        if request.policy:
-            self.dispatcher.policy_in_force = request.policy
-        new = [r for r in records if r is not None]
-        if new:
-            created, existing = await self.dispatcher.submit(new)
-            if not created:  # raced with another submit of the same ids: compare again
-                problems, _ = await self._validate(request)
-                if problems:
-                    await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
-                await self.dispatcher.submit([r for r in new if r.job_id not in existing])
+        with self.dispatcher.submitting():  # (a replan waits for the calls of a submission being handled)
+            problems, records = await self._validate(request)
+            if problems:
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
+            if request.policy:
+                self.dispatcher.policy_in_force = request.policy
+            new = [r for r in records if r is not None]
+            if new:
+                created, existing = await self.dispatcher.submit(new)
+                if not created:  # raced with another submit of the same ids: compare again
+                    problems, _ = await self._validate(request)
+                    if problems:
+                        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
+                    await self.dispatcher.submit([r for r in new if r.job_id not in existing])
         return planner_pb2.SubmitJobsResponse(job_ids=[j.job_id for j in request.jobs])
 
     async def _validate(self, request) -> tuple[list[str], list[JobRecord | None]]:

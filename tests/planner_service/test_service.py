@@ -104,3 +104,25 @@ async def test_measured_placements_are_stored_with_the_profile_and_a_bad_one_is_
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "'b'): profile placement: 3.5 seconds per epoch on 2 GPUs over 3 nodes" in err.value.details()
         assert await d.state.job("b") is None
+
+
+async def test_a_batch_sent_in_several_calls_is_planned_together(etcd, registry, registry_stub, free_port):
+    """A replan waits while a submission is still being handled (past the quiet window's cap), so the
+    first plan covers every call of a batch sent in several, not just the first to be stored."""
+    from services.planner import dispatcher as dispatch
+
+    def request(*job_ids: str) -> planner_pb2.SubmitJobsRequest:
+        return planner_pb2.SubmitJobsRequest(jobs=[spec(j) for j in job_ids], profiles=[
+            planner_pb2.JobProfile(job_id=j, epoch_seconds={1: 30.0, 2: 16.0}) for j in job_ids])
+
+    await registry_stub.RegisterNode(node_request("n0", 2, free_port()))
+    async with planner(etcd.endpoint, registry.address) as (_, d, stub):
+        assert await wait_for(lambda: _true(d.live_gpus()))
+        with d.submitting():  # another call of the batch, still being handled
+            await stub.SubmitJobs(request("a", "b"), timeout=5)
+            await asyncio.sleep(dispatch.REPLAN_QUIET_MAX_S + 1.0)
+            assert d.plan_version == 0
+            await stub.SubmitJobs(request("c"), timeout=5)
+        assert await wait_for(lambda: _true(d.plan_version >= 1), timeout=20)
+        first = await d.state.first_plan()
+        assert {s["job"] for s in first["segments"]} == {"a", "b", "c"}
