@@ -63,7 +63,7 @@ from services.planner.learn import observe, settled, timing
 from services.planner.metrics import PlannerMeter
 from services.planner.report import Event
 from services.planner.state import JobRecord, PlannerState
-from services.planner.trials import TRIAL_TIMEOUT_S, Trials
+from services.planner.trials import TRIAL_TIMEOUT_S, Trials, is_trial_id
 
 log = get_logger(__name__)
 
@@ -648,16 +648,33 @@ class Dispatcher:
     async def _follow_loop(self) -> None:
         """Carry the plan out as events come (bursts of events coalesce into one pass)."""
         while True:
-            await wait_event(self._follow_needed, FOLLOW_EVERY_S)  # and now and then, in case an event was missed
-            self._follow_needed.clear()
+            asked = await wait_event(self._follow_needed, FOLLOW_EVERY_S)  # and now and then, in case an event
+            self._follow_needed.clear()  # was missed
             try:
                 async with self._lock:
+                    if not asked:
+                        await self._drop_stale_claims()
                     await self._follow()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self._broken("follow_failed", exc)
                 await asyncio.sleep(0.5)
+
+    async def _drop_stale_claims(self) -> None:
+        """Forget the GPUs held, as this planner last read the claims, by jobs it does not run (claims it
+        found at start, written by another writer) once those claims are gone from etcd: no event of its
+        own jobs would tell it, and the GPUs would stay taken for good."""
+        strangers = {g for g, job_id in self.owner.items() if job_id not in self.records and not is_trial_id(job_id)}
+        if not strangers:
+            return
+        held = await self.state.claims()
+        gone = [g for g in strangers if g not in held]
+        for g in gone:
+            del self.owner[g]
+        if gone:
+            log.info("stale_claims_dropped", gpus=gone[:8], count=len(gone))
+            self.trials.freed()
 
     async def reconcile(self) -> None:
         """Replan: what waits and what runs (as committed history) go to the core; the new plan is followed."""

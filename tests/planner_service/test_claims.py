@@ -3,6 +3,7 @@ whatever order the nodes' event streams arrive in (real etcd)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
@@ -243,3 +244,29 @@ async def test_event_batches_take_what_arrived_and_end_with_the_streams_error():
         async for b in _batches(broken, lambda e: e):
             got.append(b)
     assert got == [[7]]
+
+
+async def test_a_claim_another_writer_left_is_forgotten_once_it_is_gone(etcd, registry, registry_stub, free_port):
+    """A planner that starts while a job it does not run holds a GPU (a claim another writer made) counts
+    the GPU taken; once that claim is gone from etcd, the planner's next pass frees the GPU for its jobs."""
+    from services.common.etcd import EtcdStore
+    from services.planner.state import PlannerState
+    from tests.planner_service.planner_helpers import node_request, planner
+    from tests.platform.platform_helpers import node_lease
+
+    await registry_stub.RegisterNode(node_request("n0", 2, free_port()))
+    async with EtcdStore(etcd.endpoint) as store:
+        other = PlannerState(store)
+        assert (await other.change("stranger", claim={("n0", 0): await node_lease(store, "n0")})).succeeded
+        async with planner(etcd.endpoint, registry.address) as (_, d, _stub):
+            for _ in range(100):
+                if d.owner:
+                    break
+                await asyncio.sleep(0.05)
+            assert d.owner == {("n0", 0): "stranger"}
+            assert (await other.change("stranger", release=[("n0", 0)])).succeeded
+            for _ in range(300):  # (the pass that looks comes every FOLLOW_EVERY_S when nothing happens)
+                if not d.owner:
+                    break
+                await asyncio.sleep(0.05)
+            assert d.owner == {}
