@@ -123,6 +123,6 @@ async def test_a_batch_sent_in_several_calls_is_planned_together(etcd, registry,
             await asyncio.sleep(dispatch.REPLAN_QUIET_MAX_S + 1.0)
             assert d.plan_version == 0
             await stub.SubmitJobs(request("c"), timeout=5)
-        assert await wait_for(lambda: _true(d.plan_version >= 1), timeout=20)
+        assert await wait_for(lambda: d.state.first_plan(), timeout=20)
         first = await d.state.first_plan()
         assert {s["job"] for s in first["segments"]} == {"a", "b", "c"}

