@@ -88,6 +88,22 @@ class LoopCollector:
         return list(self.families(snapshot))
 
 
+class Meter:
+    """A service's counters and histograms (`metrics`: what it counts as it happens) and, once bound,
+    a LoopCollector of its live state (`live`), collected together."""
+
+    metrics: tuple = ()
+    live: LoopCollector | None = None
+
+    def describe(self) -> Iterable:
+        for metric in (*self.metrics, *([self.live] if self.live is not None else [])):
+            yield from metric.describe()
+
+    def collect(self) -> Iterable:
+        for metric in (*self.metrics, *([self.live] if self.live is not None else [])):
+            yield from metric.collect()
+
+
 class EtcdErrors:
     """``omru_etcd_errors_total{op, kind}``: the failed calls an EtcdStore counted (its `errors`)."""
 

@@ -14,7 +14,7 @@ from typing import Iterable
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from services.common.metrics import LoopBridge, LoopCollector
+from services.common.metrics import LoopBridge, LoopCollector, Meter
 
 #: Buckets (seconds) of a plan, and of a claim transaction.
 PLAN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -25,7 +25,7 @@ STATES = ("PENDING", "PROFILING", "WAITING", "STARTING", "RUNNING", "RESIZING", 
 QUEUED = ("PENDING", "PROFILING", "WAITING")
 
 
-class PlannerMeter:
+class PlannerMeter(Meter):
     """Counters and histograms of the planner's events; with `bind`, a collector of its state too."""
 
     def __init__(self) -> None:
@@ -37,7 +37,7 @@ class PlannerMeter:
             "Seconds of the desired-state transactions that claim GPUs (PlannerState.change), by outcome "
             "(claimed; taken: a GPU was claimed already; lease_gone: a node's lease is gone; error)",
             ["outcome"], buckets=CLAIM_BUCKETS, registry=None)
-        self._state: _PlannerState | None = None
+        self.metrics = (self.reconciles, self.plan_seconds, self.claim_seconds)
 
     # --- what the dispatcher counts ---------------------------------------------
 
@@ -54,22 +54,8 @@ class PlannerMeter:
 
     def bind(self, dispatcher, bridge: LoopBridge) -> "PlannerMeter":
         """Report the dispatcher's state too (read on its loop)."""
-        self._state = _PlannerState(dispatcher, bridge)
+        self.live = _PlannerState(dispatcher, bridge)
         return self
-
-    def describe(self) -> Iterable:
-        yield from self.reconciles.describe()
-        yield from self.plan_seconds.describe()
-        yield from self.claim_seconds.describe()
-        if self._state is not None:
-            yield from self._state.describe()
-
-    def collect(self) -> Iterable:
-        yield from self.reconciles.collect()
-        yield from self.plan_seconds.collect()
-        yield from self.claim_seconds.collect()
-        if self._state is not None:
-            yield from self._state.collect()
 
 
 class _PlannerState(LoopCollector):

@@ -14,7 +14,7 @@ from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 
 from services.common.etcd import EtcdUnavailable
-from services.common.metrics import LoopBridge, LoopCollector
+from services.common.metrics import LoopBridge, LoopCollector, Meter
 
 def _outcome(exc: BaseException | None) -> str:
     from services.registry.store import RegistryError
@@ -26,7 +26,7 @@ def _outcome(exc: BaseException | None) -> str:
     return "unavailable" if isinstance(exc, EtcdUnavailable) else "error"
 
 
-class RegistryMeter:
+class RegistryMeter(Meter):
     """Counters and histograms of the registry's calls; with `bind`, a collector of the cluster too."""
 
     def __init__(self) -> None:
@@ -35,7 +35,7 @@ class RegistryMeter:
                                 "must register again; unavailable: etcd; error)", ["outcome"], registry=None)
         self.registrations = Counter("omru_registry_registrations", "Node registrations (RegisterNode calls), by outcome",
                                      ["outcome"], registry=None)
-        self._cluster: _Cluster | None = None
+        self.metrics = (self.renewals, self.registrations)
 
     @contextlib.contextmanager
     def renewal(self):
@@ -61,20 +61,8 @@ class RegistryMeter:
 
     def bind(self, store, bridge: LoopBridge) -> "RegistryMeter":
         """Report the nodes and claims of the RegistryStore too (read from etcd on its loop when scraped)."""
-        self._cluster = _Cluster(store, bridge)
+        self.live = _Cluster(store, bridge)
         return self
-
-    def describe(self) -> Iterable:
-        for metric in (self.renewals, self.registrations):
-            yield from metric.describe()
-        if self._cluster is not None:
-            yield from self._cluster.describe()
-
-    def collect(self) -> Iterable:
-        for metric in (self.renewals, self.registrations):
-            yield from metric.collect()
-        if self._cluster is not None:
-            yield from self._cluster.collect()
 
 
 class _Cluster(LoopCollector):

@@ -21,6 +21,7 @@ from services.planner import report
 from tests.e2e.test_batch import record, run_until_done, start_nodes
 from tests.e2e.test_faults import wait_epochs
 from tests.planner_service.planner_helpers import planner
+from tests.platform.platform_helpers import alive
 
 
 def audit(events, jobs) -> None:
@@ -52,14 +53,6 @@ def children(pid: int) -> set[int]:
             todo += list(kids - found)
             found |= kids
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 async def test_an_executor_paused_past_its_lease_stops_its_work_and_nothing_trains_twice(
