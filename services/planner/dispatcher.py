@@ -61,6 +61,7 @@ from services.planner import problem as planning
 from services.planner.follow import Live, Move, Step, blockers, follow, late
 from services.planner.learn import observe, settled, timing
 from services.planner.metrics import PlannerMeter
+from services.planner import report as ev
 from services.planner.report import Event
 from services.planner.state import JobRecord, PlannerState
 from services.planner.trials import TRIAL_TIMEOUT_S, Trials, is_trial_id
@@ -247,7 +248,11 @@ class Dispatcher:
         self._job_watchers.discard(q)
 
     async def _update(self, job_id: str, change) -> JobRecord | None:
-        return self._stored(await self.state.update_job(job_id, change, self.records.get(job_id)))
+        try:
+            return self._stored(await self.state.update_job(job_id, change, self.records.get(job_id)))
+        except st.IllegalMove as exc:  # a bug, not a reason to stop following the cluster: nothing stored
+            log.error("illegal_move", job_id=job_id, error=str(exc))
+            return self.records.get(job_id)
 
     def _stored(self, r: JobRecord | None) -> JobRecord | None:
         """Keep a record just written (never an older version) and tell the watchers."""
@@ -417,15 +422,15 @@ class Dispatcher:
         on this node right after it (in the same batch) in one transaction."""
         epochs: dict[str, list[Event]] = {}
         for i, e in enumerate(events):
-            if e.kind == "epoch_done":
+            if e.kind == ev.EPOCH_DONE:
                 epochs.setdefault(e.job_id, []).append(e)
                 continue
             async with self._job_lock(e.job_id):
                 if e.job_id in epochs:
                     await self._on_epochs(epochs.pop(e.job_id))
-                released = [g for x in events[i + 1:] if x.kind == "gpus_released" and x.job_id == e.job_id
+                released = [g for x in events[i + 1:] if x.kind == ev.GPUS_RELEASED and x.job_id == e.job_id
                             and x.attempt_id == e.attempt_id for g in x.gpus if g[0] == e.node_id] \
-                    if e.kind == "finished" else ()
+                    if e.kind == ev.FINISHED else ()
                 await self._on_event(e, released)
         for job_id, run in epochs.items():
             async with self._job_lock(job_id):
@@ -479,19 +484,19 @@ class Dispatcher:
 
     async def _on_event(self, e: Event, released: Sequence[Gpu] = ()) -> None:
         """One event; `released`: for a FINISHED event, GPUs its attempt released on its node after it."""
-        if e.kind == "epoch_done":
+        if e.kind == ev.EPOCH_DONE:
             return await self._on_epochs([e])
         r = await self._record_for(e)
         if r is None:
             return
         current = e.attempt_id == r.attempt_id
-        if e.kind == "started" and current and not r.terminal:
+        if e.kind == ev.STARTED and current and not r.terminal:
             self._refusals.pop(r.job_id, None)
             await self._update(r.job_id, lambda c: replace(c, state=st.RUNNING, gpus=c.target, world_size=len(c.target),
                                                            progress_s=e.time_s)
                                if c.attempt_id == e.attempt_id and not c.terminal else None)
             self._follow_soon()
-        elif e.kind == "finished":
+        elif e.kind == ev.FINISHED:
             if not r.terminal:  # its allocations go (an executor that restarts must not run it again), and
                 # the claims on what it released here already, in the transaction that stores it finished
                 await self._forget_later(r)
@@ -503,11 +508,11 @@ class Dispatcher:
                 if self._ended_early(r.job_id):
                     self.poke()
             self._follow_soon()
-        elif e.kind == "gpus_released" and current and not r.terminal and is_self_stop(e.message):
+        elif e.kind == ev.GPUS_RELEASED and current and not r.terminal and is_self_stop(e.message):
             # the node ended the attempt it was allocated on its own (its lease lapsed, it shut down)
             await self._release(r.job_id, [g for g in e.gpus if g[0] == e.node_id])
             await self._requeue(r, f"{e.node_id}: {e.message}")
-        elif e.kind == "gpus_released":
+        elif e.kind == ev.GPUS_RELEASED:
             # an older attempt's release leaves the GPUs the current one moved onto; the current attempt's
             # own (a node without rank 0 ends before rank 0's node reports FINISHED) leaves nothing
             keep = set() if r.terminal or current else set(r.target)
@@ -515,10 +520,10 @@ class Dispatcher:
             if r.joining and not current:  # the old attempt released these: are they all it held?
                 await self._join(r, e.gpus)
             self._follow_soon()
-        elif e.kind == "failed" and current and not r.terminal and is_refusal(e.message) and (
+        elif e.kind == ev.FAILED and current and not r.terminal and is_refusal(e.message) and (
                 self._refused(r.job_id) < MAX_REFUSALS):
             await self._requeue(r, f"{e.node_id} refused it ({e.message})")
-        elif e.kind == "failed" and current and not r.terminal:
+        elif e.kind == ev.FAILED and current and not r.terminal:
             await self._forget_later(r)
             await self._deallocate(r, r.gpus + r.target)
             await self._update(r.job_id, lambda c: None if c.terminal or c.attempt_id != e.attempt_id else replace(
@@ -539,6 +544,9 @@ class Dispatcher:
             result = await self.state.change(job_id, **change)
         except LeaseNotFound as exc:
             log.info("allocation_refused", job_id=job_id, error=str(exc)[:200])
+            return False
+        except st.IllegalMove as exc:
+            log.error("illegal_move", job_id=job_id, error=str(exc))
             return False
         if not result.succeeded:
             log.info("claim_refused", job_id=job_id, held=[kv.key for kv in result.existing][:4])

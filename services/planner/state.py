@@ -44,6 +44,19 @@ SPEC_FIELDS = ("spec", "max_gpus", "profile", "placement")
 PENDING, PROFILING, WAITING, STARTING, RUNNING, RESIZING, FINISHED, FAILED, CANCELLED = (
     "PENDING", "PROFILING", "WAITING", "STARTING", "RUNNING", "RESIZING", "FINISHED", "FAILED", "CANCELLED")
 TERMINAL = frozenset({FINISHED, FAILED, CANCELLED})
+#: The one job-state transition table: the states each state may move to (a write that keeps the state
+#: is always allowed). Every write of a job record goes through it (`check_move`); test_protos holds its
+#: keys to omru.v1.JobState. WAITING, STARTING, RUNNING and RESIZING may end FINISHED: an attempt stopped
+#: (requeued, moved) may have trained the last epoch before it noticed.
+MOVES: Mapping[str, frozenset[str]] = {
+    PENDING: frozenset({PROFILING, WAITING, FAILED, CANCELLED}),
+    PROFILING: frozenset({WAITING, FAILED, CANCELLED}),
+    WAITING: frozenset({STARTING, FINISHED, FAILED, CANCELLED}),
+    STARTING: frozenset({RUNNING, WAITING, FINISHED, FAILED, CANCELLED}),
+    RUNNING: frozenset({RESIZING, WAITING, FINISHED, FAILED, CANCELLED}),
+    RESIZING: frozenset({RUNNING, WAITING, FINISHED, FAILED, CANCELLED}),
+    FINISHED: frozenset(), FAILED: frozenset(), CANCELLED: frozenset(),
+}
 #: Events stored per transaction (etcd allows 128 operations in one; the cursor is one more).
 EVENTS_PER_TXN = 100
 
@@ -157,13 +170,23 @@ class StateRace(Exception):
     """A job record changed under a compare-and-swap too many times in a row."""
 
 
+class IllegalMove(ValueError):
+    """A write would move a job between states the transition table (`MOVES`) does not link."""
+
+
+def check_move(job_id: str, old: str, new: str) -> None:
+    """Raise IllegalMove unless a job in state `old` may be stored in state `new`."""
+    if new != old and new not in MOVES.get(old, ()):
+        raise IllegalMove(f"job {job_id!r} cannot move from {old} to {new}")
+
+
 class PlannerState:
     """Typed reads and writes of the planner's keys."""
 
     def __init__(self, store: EtcdStore, meter=None) -> None:
         self.store = store
         self.meter = meter  # times the claim transactions (`change`): services/planner/metrics.py PlannerMeter
-        self._specs: dict[str, JobRecord] = {}  # job -> a record whose spec fields are the ones stored
+        self._known: dict[str, JobRecord] = {}  # job -> the record last stored or read (spec as stored)
 
     # --- jobs ---------------------------------------------------------------
 
@@ -188,13 +211,13 @@ class PlannerState:
     def _puts(self, record: JobRecord) -> dict[str, tuple[bytes, int]]:
         """The keys to write for `record`: its state, and its spec unless the one stored is the same."""
         puts = {JOBS + record.job_id: (record.state_json(), 0)}
-        known = self._specs.get(record.job_id)
+        known = self._known.get(record.job_id)
         if known is None or not known.same_spec(record):
             puts[SPECS + record.job_id] = (record.spec_json(), 0)
         return puts
 
     def _stored(self, record: JobRecord) -> None:
-        self._specs[record.job_id] = record
+        self._known[record.job_id] = record
 
     async def create_jobs(self, records: list[JobRecord]) -> tuple[bool, list[str]]:
         """Create every record, all or nothing; (created, ids that already existed)."""
@@ -219,6 +242,7 @@ class PlannerState:
             new = change(current)
             if new is None or new == current:
                 return current
+            check_move(job_id, current.state, new.state)
             puts = self._puts(new)
             state, _ = puts.pop(JOBS + job_id)
             result = await self.store.cas(JOBS + job_id, state, current.revision, also=puts)
@@ -252,6 +276,9 @@ class PlannerState:
             for g, lease in claim.items()}
         puts.update({keys.alloc_key(node, job_id): value for node, value in put.items()})
         if record is not None:
+            known = self._known.get(job_id)
+            if known is not None:
+                check_move(job_id, known.state, record.state)
             puts.update(self._puts(record))
         deletes = [keys.alloc_key(node, job_id) for node in drop] + [keys.claim_key(*g) for g in release]
         began, outcome = time.monotonic(), "error"

@@ -154,7 +154,7 @@ async def test_a_job_record_stores_its_spec_once_and_reads_back_whole(etcd_store
 
     state = st.PlannerState(etcd_store)
     r = st.JobRecord(spec={"job_id": "j", "epochs": 9}, max_gpus=4, profile={1: 20.0, 2: 11.0, 4: 6.0},
-                     placement=((4, 2, 7.5),), submitted_s=1.0)
+                     placement=((4, 2, 7.5),), submitted_s=1.0, state=st.RUNNING)
     assert (await state.create_jobs([r]))[0]
     spec_revision = (await etcd_store.get(st.SPECS + "j")).mod_revision
     for epoch in range(1, 4):
@@ -177,3 +177,34 @@ async def test_a_job_record_stores_its_spec_once_and_reads_back_whole(etcd_store
     await etcd_store.put(st.JOBS + "old", old.to_json())
     back = await state.job("old")
     assert replace(back, revision=0) == old
+
+
+def test_the_transition_table_names_every_job_state_of_the_proto():
+    """One table of job-state moves, its states those of omru.v1.JobState; terminal ones lead nowhere."""
+    from omru.v1 import common_pb2
+    from services.planner import state as st
+
+    names = {n.removeprefix("JOB_STATE_") for n in common_pb2.JobState.keys()} - {"UNSPECIFIED"}
+    assert set(st.MOVES) == names
+    assert all(to <= names for to in st.MOVES.values())
+    assert {s for s, to in st.MOVES.items() if not to} == st.TERMINAL
+
+
+async def test_a_write_that_moves_a_job_against_the_table_is_refused_and_stores_nothing(etcd_store):
+    from dataclasses import replace
+
+    from services.planner import state as st
+
+    state = st.PlannerState(etcd_store)
+    r = st.JobRecord(spec={"job_id": "j", "epochs": 2}, max_gpus=1, profile={1: 5.0}, submitted_s=1.0)
+    assert (await state.create_jobs([r]))[0]
+    with pytest.raises(st.IllegalMove, match="'j' cannot move from PENDING to RUNNING"):
+        await state.update_job("j", lambda c: replace(c, state=st.RUNNING))
+    for to in (st.WAITING, st.STARTING, st.RUNNING, st.RUNNING, st.FINISHED):
+        r = await state.update_job("j", lambda c: replace(c, state=to, epochs_done=c.epochs_done + 1))
+    assert r.state == st.FINISHED
+    with pytest.raises(st.IllegalMove, match="from FINISHED to RUNNING"):
+        await state.change("j", record=replace(r, state=st.RUNNING))
+    with pytest.raises(st.IllegalMove, match="from FINISHED to WAITING"):
+        await state.update_job("j", lambda c: replace(c, state=st.WAITING))
+    assert await state.job("j") == r
