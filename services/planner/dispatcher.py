@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 from dataclasses import replace
@@ -148,6 +149,9 @@ class Dispatcher:
         self._measured: set[str] = set()  # attempts whose start overhead is measured
         self._refusals: dict[str, int] = {}  # job -> directives refused in a row
         self._job_locks: dict[str, asyncio.Lock] = {}  # a job's directive write and its events, one at a time
+        #: job -> its move being written (`_follow` does not wait for them: a pass that dispatched a wave of
+        #: starts must not hold up the next, which hands a GPU just released to the job planned there)
+        self._acting: dict[str, asyncio.Task] = {}
         self._lock = asyncio.Lock()
         self._follow_needed = asyncio.Event()
         self.records: dict[str, JobRecord] = {}  # every job, as stored (this planner is their one writer)
@@ -189,9 +193,9 @@ class Dispatcher:
     async def stop(self) -> None:
         """Stop acting (it may start again, as after a new election)."""
         await self.trials.stop()
-        for t in [*self._tasks, *self._followers.values()]:
+        for t in [*self._tasks, *self._followers.values(), *self._acting.values()]:
             t.cancel()
-        for t in [*self._tasks, *self._followers.values()]:
+        for t in [*self._tasks, *self._followers.values(), *self._acting.values()]:
             with contextlib.suppress(BaseException):
                 await t
         for ch in self._channels.values():
@@ -754,17 +758,20 @@ class Dispatcher:
             # outcome comes on rank 0's node's stream, which may lag the others'; nothing moves it meanwhile
             ended = r.state == st.RUNNING and not mine
             held = mine if waiting or ended else tuple(dict.fromkeys(r.gpus + r.target + mine))
-            live[r.job_id] = Live(r.job_id, waiting, moving or ended, held, r.epochs_done,
+            live[r.job_id] = Live(r.job_id, waiting, moving or ended or r.job_id in self._acting, held, r.epochs_done,
                                   None if waiting else (r.target if moving else r.gpus))
         for job_id, mine in owned.items():  # ended (or not the planner's) but not released yet: untouchable
             live[job_id] = Live(job_id, True, True, tuple(mine), 0, ended=True)
         if any(s.job_id not in live for s in self.steps):  # the steps of jobs that ended are done
             self.steps = [s for s in self.steps if s.job_id in live]
         moves = follow(self.steps, live, gpus)
-        await asyncio.gather(*(self._act(m) for m in moves))
+        for m in moves:
+            self._acting[m.job_id] = t = asyncio.get_running_loop().create_task(self._act(m))
+            t.add_done_callback(functools.partial(self._acted, m.job_id))
         if self._planning:
             return  # (the plan under way is the replan the checks below would ask for)
-        if not moves and live and all(j.waiting for j in live.values()) and gpus and not self.owner:
+        if not moves and live and all(j.waiting for j in live.values()) and gpus and not self.owner \
+                and not self._acting:
             self.poke()  # nothing runs or holds a GPU, and nothing planned can start: the plan is spent or stale
         elif self.steps and not self._dirty.is_set() and self._late_in != self.plan_version:
             now = (time.time() - self._plan_origin) * self.time_scale
@@ -901,6 +908,19 @@ class Dispatcher:
             self.poke()
 
     # dispatching ------------------------------------------------------------------
+
+    def _acted(self, job_id: str, t: asyncio.Task) -> None:
+        """A move's write ended (`_follow` started it): a failed one is tried again at a later pass."""
+        if self._acting.get(job_id) is t:
+            del self._acting[job_id]
+        if not t.cancelled() and t.exception() is not None:
+            self._broken("move_failed", t.exception(), job_id=job_id)
+            asyncio.get_running_loop().call_later(0.5, self._follow_soon)
+
+    async def moved(self) -> None:
+        """Wait for the moves being written (tests)."""
+        while self._acting:
+            await asyncio.gather(*self._acting.values(), return_exceptions=True)
 
     async def _act(self, a: Move) -> None:
         async with self._job_lock(a.job_id):

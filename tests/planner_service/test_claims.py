@@ -187,6 +187,7 @@ async def test_a_job_whose_attempt_released_every_gpu_is_not_moved_before_its_ou
     d.records["a"] = replace(d.records["a"], profile={1: 1.0})
     d._adopt([Step("a", tuple(N1), 3, 0.0, 1), Step("b", tuple(N0), 0, 0.0, 2)])
     await d._follow()
+    await d.moved()
     assert d.records["a"].attempt == 2  # not moved onto n1
     assert d.records["b"].state == st.STARTING and set(d.records["b"].target) == set(N0)
 
