@@ -129,7 +129,9 @@ async def test_status_watch_prints_a_timestamped_line_per_change(etcd, registry,
         await asyncio.sleep(1.0)
         await submit(stub, job)
         code, out, err = await task
-    assert code == 0, err
+        assert code == 0, err
+        code, js, err = await omru(capsys, "status", "-w", "--json", "--timeout", "1", "--planner", address)
+    assert code == 0 and [json.loads(line)["state"] for line in js.splitlines()] == ["FINISHED"]
     lines = out.splitlines()
     assert lines and all(STAMP.match(line) for line in lines), lines
     epochs = [int(m[1]) for m in (re.search(r"epochs=(\d+)/8", line) for line in lines) if m]
@@ -157,6 +159,8 @@ async def test_watch_follows_the_jobs_named_and_exits_by_them_only(etcd, registr
 
         await submit(stub, doomed)
         await until(d, running("doomed"))
+        code, out, err = await omru(capsys, "watch", "doomed", "--timeout", "0.5", "--planner", address)
+        assert code == 1 and "still going: doomed" in err and "running" in out
         task = asyncio.ensure_future(omru(capsys, "watch", "doomed", "--planner", address))
         await asyncio.sleep(1.0)
         await stub.CancelJob(planner_pb2.CancelJobRequest(job_id="doomed"), timeout=5)
