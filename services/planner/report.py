@@ -278,7 +278,8 @@ def text(f: Figures, first_plan: str = "", at_start: dict[str, tuple[str, float]
     lines = [
         f"policy {f.policy or '?'} on {f.gpus} GPUs",
         f"makespan {f.makespan_s:.1f} s actual, {t(f.planned_makespan_s)} s planned by the first plan "
-        f"{first_plan or '(none)'} {vs}".rstrip() + (f", lower bound {f.lower_bound_s:.1f} s" if f.lower_bound_s else ""),
+        f"{first_plan or '(none)'} {vs}".rstrip()
+        + (f", lower bound {f.lower_bound_s:.1f} s" if f.lower_bound_s else ""),
         utilisation,
         f"resizes {len(f.resizes)}" + "".join(
             f"; {r.job_id} {r.from_size}->{r.to_size} at {r.time_s:.1f} s" for r in f.resizes),

@@ -15,6 +15,7 @@ import re
 import time
 
 from omru.cli import plannerargs
+from omru.cli.commands.status import clock
 
 
 def _state_names() -> dict[int, str]:
@@ -132,20 +133,20 @@ def select(proto, plan=None, jobs=(), since: float | None = None, batch: int | N
                            f"{len(groups)} (1..{len(groups)})")
         chosen = groups[batch - 1 if batch > 0 else batch]
         number = groups.index(chosen) + 1
-        header.append(f"batch {number} of {len(groups)}, from {_clock(origin + spans[chosen[0]][0])}: "
+        header.append(f"batch {number} of {len(groups)}, from {clock(origin + spans[chosen[0]][0])}: "
                       f"{len(chosen)} jobs" + (" (--batch N for another, --batch all for every job)"
                                                if len(groups) > 1 else ""))
     if since is not None:
         chosen = [j for j in chosen if spans[j][1] >= since - origin]
-        header.append(f"jobs active since {_clock(since)}: {len(chosen)}")
+        header.append(f"jobs active since {clock(since)}: {len(chosen)}")
     start = 0.0
     if set(chosen) != {j.job_id for j in f.jobs}:
         start = max(0.0, min((spans[j][0] for j in chosen), default=0.0))
         f, holds = report.subset(f, holds, chosen, start)
         if start:
-            header.append(f"times count from {_clock(origin + start)} (the batch's first start)")
+            header.append(f"times count from {clock(origin + start)} (the batch's first start)")
     first = proto.first_plan
-    in_force, at_start, segments, used = {}, {}, [], set()
+    at_start, segments, used = {}, [], set()
     for j in f.jobs:
         began = min((h.start_s for h in holds if h.job_id == j.job_id), default=None)
         p = plan_at(origin + start + began, first, plan) if began is not None else None
@@ -163,10 +164,6 @@ def select(proto, plan=None, jobs=(), since: float | None = None, batch: int | N
                 break
     first_name = f"v{first.version} ({first.policy})" if first.version else ""
     return f, holds, segments, at_start, first_name, sorted(used), header
-
-
-def _clock(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
 def write(proto, json_file: str | None, gantt_file: str | None, out=None, plan=None, jobs=(),
@@ -189,8 +186,8 @@ def write(proto, json_file: str | None, gantt_file: str | None, out=None, plan=N
     if gantt_file:
         report.gantt(gantt_file, holds, 0.0, plan=segments, plan_origin_s=0.0, jobs=[j.job_id for j in f.jobs],
                      plan_name=f"planned ({', '.join(used)})" if used else "planned",
-                     xlabel="seconds after the batch's first start" if any(h.startswith("times count from") for h in header)
-                     else "seconds after submission",
+                     xlabel="seconds after the batch's first start"
+                     if any(h.startswith("times count from") for h in header) else "seconds after submission",
                      title=f"{f.policy}: makespan {f.makespan_s:.0f} s, utilisation {100 * f.utilisation:.0f} %")
     return f
 
