@@ -98,6 +98,33 @@ class Held:
         return cls({j: report.origin_unix_s + t for j, t in first.items()}, {j: tuple(n) for j, n in newest.items()})
 
 
+class View:
+    """What rows derive from besides the jobs: the plan in force and the report's holds; fetched again
+    after a job changed state or size (or the plan changed), at most once a second (a report replays
+    every event), on the next update after that."""
+
+    EVERY_S = 1.0
+
+    def __init__(self, c) -> None:
+        self.c = c
+        self.stale = True
+        self.at = 0.0
+        self.plan = self.held = None
+        self.saw(None, None)
+
+    def saw(self, before, s) -> None:
+        """Note update `s` of a job last seen as `before` (None: new); fetch again when due."""
+        if s is None or before is None or (before.state, before.world_size, before.plan_version) != (
+                s.state, s.world_size, s.plan_version):
+            self.stale = True
+        if self.stale and time.monotonic() - self.at >= self.EVERY_S:
+            self.plan, self.held = self.c.plan(), Held.of(self.c.report_proto())
+            self.stale, self.at = False, time.monotonic()
+
+    def row(self, j, now: float | None = None) -> "Row":
+        return row(j, self.plan, self.held, time.time() if now is None else now)
+
+
 def row(j, plan, held: Held, now: float) -> Row:
     """The Row of a JobStatus `j` under the plan in force and the holds so far."""
     planned = [s for s in plan.segments if s.job_id == j.job_id] if plan.version else []
@@ -227,16 +254,13 @@ def watch(c, states: list[str], as_json: bool, timeout_s: float | None, out=None
 
     out = out or sys.stdout
     latest: dict = {}
-    view = {"plan": c.plan(), "held": Held.of(c.report_proto())}
-
-    def rows():
-        now = time.time()
-        return [row(j, view["plan"], view["held"], now) for _, j in sorted(latest.items())
-                if not states or j.state in states]
+    view = View(c)
 
     class Table:
         def __rich__(self):
-            return table(rows(), plan_line(view["plan"], latest.values()))
+            now = time.time()
+            rows = [view.row(j, now) for _, j in sorted(latest.items()) if not states or j.state in states]
+            return table(rows, plan_line(view.plan, latest.values()))
 
     live = Live(Table(), console=console(out), refresh_per_second=2) if out.isatty() and not as_json else None
     if live is not None:
@@ -245,15 +269,12 @@ def watch(c, states: list[str], as_json: bool, timeout_s: float | None, out=None
         for s in c.watch((), timeout_s=timeout_s):
             before = latest.get(s.job_id)
             latest[s.job_id] = s
-            if before is None or (before.state, before.world_size, before.plan_version) != (
-                    s.state, s.world_size, s.plan_version):
-                view.update(plan=c.plan(), held=Held.of(c.report_proto()))
+            view.saw(before, s)
             seen = before is not None and (before.state, before.epochs_done, before.world_size, before.message) == (
                 s.state, s.epochs_done, s.world_size, s.message)  # (a new plan re-sends every job)
             if live is not None or seen or (states and s.state not in states):
                 continue
-            r = row(s, view["plan"], view["held"], time.time())
-            at = clock(time.time())
+            r, at = view.row(s), clock(time.time())
             print(json.dumps({"time": at, **asdict(r)}) if as_json else f"{at} {r.line()}", file=out, flush=True)
     finally:
         if live is not None:

@@ -11,7 +11,7 @@ import sys
 import time
 
 from omru.cli import plannerargs
-from omru.cli.commands.status import Held, check_timeout, clock, console, duration, row
+from omru.cli.commands.status import View, check_timeout, clock, console, duration
 
 
 def register(subparsers) -> None:
@@ -54,7 +54,7 @@ def follow(c, job_ids=(), timeout_s=None, out=None, epochs: dict[str, int] | Non
         print(f"{clock(time.time())} no live job to watch", file=out)
         return {}
     latest: dict = {}
-    view = {"plan": c.plan(), "held": Held.of(c.report_proto())}
+    view = View(c)
     progress = _progress(out) if out.isatty() else None
     tasks: dict[str, int] = {}
     if progress is not None:
@@ -63,11 +63,9 @@ def follow(c, job_ids=(), timeout_s=None, out=None, epochs: dict[str, int] | Non
         for s in c.watch(list(known), until_done=True, timeout_s=timeout_s):
             before = latest.get(s.job_id)
             latest[s.job_id] = s
-            if before is None or (before.state, before.world_size, before.plan_version) != (
-                    s.state, s.world_size, s.plan_version):
-                view.update(plan=c.plan(), held=Held.of(c.report_proto()))
+            view.saw(before, s)
             now = time.time()
-            r = row(s, view["plan"], view["held"], now)
+            r = view.row(s, now)
             total = (epochs or {}).get(s.job_id) or s.epochs or max(s.epochs_done, 1)
             info = f"world {s.world_size}  acc {100 * s.accuracy:5.1f}%"
             state = s.state.lower() + (f": {r.reason}" if r.reason and s.state != "RUNNING" else "")
