@@ -241,3 +241,18 @@ async def test_report_per_batch_against_the_plans_with_a_gantt(etcd, registry, t
         assert "(not comparable: b not in it)" in out
         code, out, _ = await omru(capsys, "report", "--planner", address, "--since", "1h")
         assert code == 0 and "jobs active since" in out and all(re.search(rf"^{j} ", out, re.M) for j in "abc")
+
+
+async def test_a_failed_job_shows_a_short_reason_and_its_whole_message_after_the_table(etcd, registry, tmp_path,
+                                                                                          capsys):
+    boom = Job("boom", 3, {1: 30.0})
+    async with cluster(etcd, registry, tmp_path, []) as (address, d, stub):  # the emulation knows no "boom"
+        await submit(stub, boom)
+        await until(d, terminal("boom"))
+        code, out, err = await omru(capsys, "status", "--planner", address)
+        message = d.records["boom"].message
+    assert code == 0 and d.records["boom"].state == "FAILED" and message, err
+    row = next(line for line in out.splitlines() if line.startswith("boom "))
+    assert row.split()[1] == "failed" and len(message) > 60  # (the planner's words and the node's)
+    assert row.endswith(message[:59] + "…")  # the reason column: its first 60 characters
+    assert f"boom failed: {message}" in out.splitlines()  # then the whole of it

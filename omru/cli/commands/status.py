@@ -20,6 +20,8 @@ from omru.cli import plannerargs
 
 WAITING = ("PENDING", "PROFILING", "WAITING")
 HOLDING = ("STARTING", "RUNNING", "RESIZING")
+#: The REASON column's width at most (a failed job's whole message follows the table).
+REASON_CHARS = 60
 COLUMNS = ("JOB", "STATE", "GPUS", "NODES", "EPOCHS", "SUBMITTED", "AGE", "ETA", "REASON")
 
 
@@ -145,7 +147,8 @@ def row(j, plan, held: Held, now: float) -> Row:
 def reason(j, planned, plan_created: float, now: float) -> str:
     """Why the job is where it is (its message first: the planner's words)."""
     if j.message:
-        return j.message.strip().splitlines()[0][:120]
+        first = j.message.strip().splitlines()[0]
+        return first if len(first) <= REASON_CHARS else first[:REASON_CHARS - 1] + "…"
     if j.state == "PENDING":
         return "waiting for its profile"
     if j.state == "PROFILING":
@@ -243,6 +246,9 @@ def handle(args) -> int:
                           "plan": asdict(plan) if line else None}))
         return 0
     show(table(rows, line) if rows else line or "no jobs")
+    for j in jobs:
+        if j.state == "FAILED" and j.message:
+            print(f"{j.job_id} failed: {j.message}")
     return 0
 
 
