@@ -131,7 +131,8 @@ def row(j, plan, held: Held, now: float) -> Row:
     """The Row of a JobStatus `j` under the plan in force and the holds so far."""
     planned = [s for s in plan.segments if s.job_id == j.job_id] if plan.version else []
     started = held.started.get(j.job_id)
-    submitted = j.time_unix_s if j.state in WAITING and j.time_unix_s else None
+    # (a job that never started: its time is its submission; once sent, the time of its last directive)
+    submitted = j.time_unix_s if j.state in WAITING and started is None and j.time_unix_s else None
     eta = None
     if not j.done:
         if j.epochs_done and started and j.epochs:  # its own pace so far
