@@ -71,7 +71,7 @@ def terminal(*job_ids: str):
 
 async def test_status_shows_where_each_job_stands_and_filters(etcd, registry, tmp_path, capsys):
     long, short = Job("long", 30, {1: 30.0}), Job("short", 2, {1: 30.0})
-    async with cluster(etcd, registry, tmp_path, [long, short]) as (address, d, stub):
+    async with cluster(etcd, registry, tmp_path, [long, short], slots=1) as (address, d, stub):
         code, out, err = await omru(capsys, "status", "--planner", address)
         assert (code, out.strip()) == (0, "no jobs")
 
@@ -90,6 +90,9 @@ async def test_status_shows_where_each_job_stands_and_filters(etcd, registry, tm
         assert rows["long"][5] == "-" and re.fullmatch(r"\d+s|\d+m\d\ds", rows["long"][6])  # started: age, no submit
         assert re.fullmatch(r"\d+s|\d+m\d\ds", rows["long"][7]), rows["long"]  # ETA filled while it runs
         assert rows["gone"][1] == "cancelled" and "cancelled by a client" in " ".join(rows["gone"][8:])
+        # short waits for long's GPU: when it came, since when, and why it waits
+        assert rows["short"][1:5] == ["waiting", "-", "-", "0/2"] and STAMP.match(rows["short"][5] + " ")
+        assert " ".join(rows["short"][8:]).startswith("planned to start in ")
 
         code, out, _ = await omru(capsys, "status", "--planner", address, "--state", "cancelled,finished")
         assert {line.split()[0] for line in out.splitlines()[2:]} <= {"gone", "short"}
