@@ -223,6 +223,7 @@ async def test_report_per_batch_against_the_plans_with_a_gantt(etcd, registry, t
                                     "--json", str(tmp_path / "r.json"))
         assert code == 0, err
         assert out.startswith("batch 2 of 2, from ")
+        assert "times count from " in out.splitlines()[1]  # (its first start: it began after an idle cluster)
         assert "planned by the first plan v1 (fifo)" in out and "planned at start" in out
         rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["a"], ["b"], ["c"])}
         assert set(rows) == {"b"}  # the newest batch only
@@ -236,6 +237,7 @@ async def test_report_per_batch_against_the_plans_with_a_gantt(etcd, registry, t
 
         code, out, _ = await omru(capsys, "report", "--planner", address, "--batch", "1")
         assert code == 0 and out.startswith("batch 1 of 2"), out
+        assert "times count from" not in out  # the first batch: from the first submission
         rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["a"], ["b"], ["c"])}
         assert set(rows) == {"a", "c"} and rows["c"][1] == "cancelled" and rows["a"][1] == "finished"
         assert rows["a"][7] == "1.8" or rows["a"][6] == "-"  # two plans later, which plan it was is not kept

@@ -141,7 +141,9 @@ def select(proto, plan=None, jobs=(), since: float | None = None, batch: int | N
         header.append(f"jobs active since {clock(since)}: {len(chosen)}")
     start = 0.0
     if set(chosen) != {j.job_id for j in f.jobs}:
-        start = max(0.0, min((spans[j][0] for j in chosen), default=0.0))
+        # (the first batch counts from the first submission, the report's origin, as the whole does)
+        start = 0.0 if groups and set(groups[0]) <= set(chosen) else max(
+            0.0, min((spans[j][0] for j in chosen), default=0.0))
         f, holds = report.subset(f, holds, chosen, start)
         if start:
             header.append(f"times count from {clock(origin + start)} (the batch's first start)")
