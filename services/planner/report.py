@@ -22,7 +22,7 @@ Definitions (all times are Unix seconds; ``origin`` is the first submission):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Sequence
 
 STARTED, EPOCH_DONE, FINISHED, GPUS_RELEASED, FAILED = "started", "epoch_done", "finished", "gpus_released", "failed"
@@ -260,24 +260,80 @@ def _attempts(hs: Sequence[Hold]) -> dict[str, list[tuple[float, int]]]:
     return out
 
 
-def text(f: Figures) -> str:
-    """The report as a few lines of text."""
+def text(f: Figures, first_plan: str = "", at_start: dict[str, tuple[str, float]] | None = None) -> str:
+    """The report as a few lines of text.
+
+    `first_plan` names the plan the "planned" column and makespan come from (say "v1 (omru-ga)");
+    `at_start`: per job, the plan in force when it first started (its name) and the finish that plan
+    gave it (after origin), where known. A time not known reads "-"."""
+    def t(s: float) -> str:
+        return f"{s:.1f}" if s > 0 else "-"
+
+    unplanned = [j.job_id for j in f.jobs if j.planned_finish_s <= 0]
+    vs = f"({100 * f.makespan_error:+.1f} %)" if f.planned_makespan_s > 0 and not unplanned else \
+        f"(not comparable: {', '.join(unplanned)} not in it)" if f.planned_makespan_s > 0 else ""
+    utilisation = f"utilisation {100 * f.utilisation:.1f} % (GPUs held)"
+    if f.compute_utilisation >= 0:
+        utilisation += f", {100 * f.compute_utilisation:.1f} % (in epochs)"
     lines = [
         f"policy {f.policy or '?'} on {f.gpus} GPUs",
-        f"makespan {f.makespan_s:.1f} s actual, {f.planned_makespan_s:.1f} s planned "
-        f"({100 * f.makespan_error:+.1f} %)" + (f", lower bound {f.lower_bound_s:.1f} s" if f.lower_bound_s else ""),
-        f"utilisation {100 * f.utilisation:.1f} % (GPUs held), {100 * f.compute_utilisation:.1f} % (in epochs)",
+        f"makespan {f.makespan_s:.1f} s actual, {t(f.planned_makespan_s)} s planned by the first plan "
+        f"{first_plan or '(none)'} {vs}".rstrip()
+        + (f", lower bound {f.lower_bound_s:.1f} s" if f.lower_bound_s else ""),
+        utilisation,
         f"resizes {len(f.resizes)}" + "".join(
             f"; {r.job_id} {r.from_size}->{r.to_size} at {r.time_s:.1f} s" for r in f.resizes),
-        f"{'job':<20} {'state':<9} {'epochs':>6} {'accuracy':>9} {'finish':>8} {'planned':>8} {'GPU-s':>8}  world sizes",
     ]
+    rows = [("job", "state", "epochs", "accuracy", "finish", "planned first", "planned at start", "GPU-s",
+             "world sizes")]
     for j in f.jobs:
-        lines.append(
-            f"{j.job_id:<20} {'finished' if j.finished else 'open':<9} {j.epochs_done:>6} {100 * j.accuracy:>8.1f}% "
-            f"{j.actual_finish_s:>8.1f} {j.planned_finish_s:>8.1f} {j.gpu_seconds:>8.1f}  "
-            f"{','.join(map(str, j.world_sizes))}")
+        plan, finish = (at_start or {}).get(j.job_id, ("", 0.0))
+        rows.append((j.job_id, (j.state or ("finished" if j.finished else "open")).lower(), str(j.epochs_done),
+                     f"{100 * j.accuracy:.1f}%", t(j.actual_finish_s), t(j.planned_finish_s),
+                     f"{t(finish)} {plan}" if finish > 0 else "-", f"{j.gpu_seconds:.1f}",
+                     ",".join(map(str, j.world_sizes)) or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) if i in (0, 1, 8) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     .rstrip())
     lines += [f"{j.job_id} failed: {j.message}" for j in f.jobs if j.state == "FAILED" and j.message]
     return "\n".join(lines)
+
+
+def batches(spans: dict[str, tuple[float, float]]) -> list[list[str]]:
+    """Jobs grouped into batches, first to last: a batch is a stretch of time its jobs' spans (start,
+    end) fill without a gap, each job beginning before the batch so far ended (an idle cluster between
+    two submissions parts them)."""
+    out: list[list[str]] = []
+    end = 0.0
+    for job, (start, stop) in sorted(spans.items(), key=lambda kv: (kv[1][0], kv[0])):
+        if out and start <= end:
+            out[-1].append(job)
+            end = max(end, stop)
+        else:
+            out.append([job])
+            end = stop
+    return out
+
+
+def subset(f: Figures, all_holds: Sequence[Hold], job_ids: Sequence[str], start_s: float) -> tuple[Figures, list[Hold]]:
+    """The figures and holds of jobs `job_ids` alone, their times moved to count from `start_s` (after
+    the old origin; the batch's first start). Utilisation counts the holds of these jobs only;
+    the epochs' own share is not known per job (-1); the lower bound was the whole batch's (0)."""
+    wanted = set(job_ids)
+    hs = [replace(h, start_s=h.start_s - start_s, end_s=h.end_s - start_s) for h in all_holds if h.job_id in wanted]
+    jobs = tuple(replace(j, actual_finish_s=max(j.actual_finish_s - start_s, 0.0) if j.actual_finish_s else 0.0,
+                         planned_finish_s=max(j.planned_finish_s - start_s, 0.0) if j.planned_finish_s else 0.0)
+                 for j in f.jobs if j.job_id in wanted)
+    finishes = [j.actual_finish_s for j in jobs if j.actual_finish_s]
+    done = all(j.state in ("FINISHED", "FAILED", "CANCELLED") or j.finished for j in jobs)
+    makespan = max(finishes) if done and finishes else max(finishes + [h.end_s for h in hs], default=0.0)
+    held = sum(len(h.gpus) * max(0.0, min(h.end_s, makespan) - max(h.start_s, 0.0)) for h in hs)
+    denom = f.gpus * makespan
+    return replace(f, makespan_s=makespan, planned_makespan_s=max((j.planned_finish_s for j in jobs), default=0.0),
+                   utilisation=held / denom if denom > 0 else 0.0, compute_utilisation=-1.0, jobs=jobs,
+                   lower_bound_s=0.0, resizes=tuple(replace(r, time_s=r.time_s - start_s) for r in f.resizes
+                                                    if r.job_id in wanted)), hs
 
 
 #: GPUs up to which the Gantt chart names every GPU and labels every bar.
@@ -285,45 +341,63 @@ LABELLED_ROWS = 64
 
 
 def gantt(path: str, all_holds: Sequence[Hold], origin_s: float, plan: Sequence[PlannedSegment] = (),
-          plan_origin_s: float | None = None, title: str = "") -> None:
-    """Write a PNG: GPUs (rows) over time, one bar per hold; the plan above when given."""
+          plan_origin_s: float | None = None, title: str = "", jobs: Sequence[str] = (), plan_name: str = "planned",
+          xlabel: str = "seconds after submission") -> None:
+    """Write a PNG: GPUs (rows) over time, one bar per hold; the plan above when given (`plan_name`
+    labels that panel). A legend names every job (those of `jobs` too), saying which one has no bar
+    in a panel; a bar carries its job's name where it is wide enough to read."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     gpu_rows = sorted({g for h in all_holds for g in h.gpus} | {g for s in plan for g in s.gpus})
     row = {g: i for i, g in enumerate(gpu_rows)}
-    jobs = sorted({h.job_id for h in all_holds} | {s.job_id for s in plan})
-    colours = {j: plt.get_cmap("tab10")(i % 10) for i, j in enumerate(jobs)}
+    ran, planned = {h.job_id for h in all_holds}, {s.job_id for s in plan}
+    names = sorted(ran | planned | set(jobs))
+    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    colours = {j: cmap(i % cmap.N) for i, j in enumerate(names)}
     panels = [("actual", [(h.job_id, h.start_s - origin_s, h.end_s - origin_s, h.gpus) for h in all_holds])]
     if plan:
         shift = (plan_origin_s if plan_origin_s is not None else origin_s) - origin_s
-        panels.insert(0, ("planned", [(s.job_id, s.start_s + shift, s.end_s + shift, s.gpus) for s in plan]))
+        panels.insert(0, (plan_name, [(s.job_id, s.start_s + shift, s.end_s + shift, s.gpus) for s in plan]))
+    span = max((end for _, bars in panels for _, _, end, _ in bars), default=1.0) or 1.0
     small = len(gpu_rows) <= LABELLED_ROWS  # a big cluster: no labels, a figure of bounded height
-    height = 0.5 * len(gpu_rows) if small else 8.0
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10 if small else 16, 1.2 + height * len(panels)),
+    height = max(0.45 * len(gpu_rows), 1.0) if small else 8.0
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12 if small else 16, 1.6 + height * len(panels)),
                              sharex=True, squeeze=False)
     for ax, (name, bars) in zip(axes[:, 0], panels):
         by_job: dict[str, list] = {}
         for job, start, end, gs in bars:
             for g in gs:
                 by_job.setdefault(job, []).append((row[g], start, end - start))
-                if small:
-                    ax.text(start + (end - start) / 2, row[g], job, ha="center", va="center", fontsize=7)
+            fits = int((end - start) / span * 120)  # characters that fit in the bar at this size
+            if small and fits >= 3:
+                label = job if len(job) <= fits else job[:max(fits - 1, 1)] + "…"
+                for g in gs:
+                    ax.text(start + (end - start) / 2, row[g], label, ha="center", va="center", fontsize=7,
+                            clip_on=True)
         for job, spans in by_job.items():
             ys, lefts, widths = zip(*spans)
-            ax.barh(ys, widths, left=lefts, height=0.8, color=colours[job], edgecolor="black" if small else "none",
-                    lw=0.4)
+            ax.barh(ys, widths, left=lefts, height=0.8, color=colours[job], alpha=0.85,
+                    edgecolor="black" if small else "none", lw=0.4)
         if small:
-            ax.set_yticks(range(len(gpu_rows)), [f"{n}:{i}" for n, i in gpu_rows])
+            ax.set_yticks(range(len(gpu_rows)), [f"{n}:{i}" for n, i in gpu_rows], fontsize=8)
         else:
             ax.set_yticks([])
         ax.set_ylabel(name)
-        ax.invert_yaxis()
-    axes[-1, 0].set_xlabel("seconds after submission")
+        ax.set_ylim(len(gpu_rows) - 0.5, -0.5)
+        ax.grid(axis="x", lw=0.3, alpha=0.5)
+    notes = {j: ", ".join(n for n, miss in (("not planned", plan and j not in planned), ("did not run", j not in ran))
+                          if miss) for j in names}
+    handles = [Patch(facecolor=colours[j], edgecolor="black", lw=0.4, label=f"{j} ({notes[j]})" if notes[j] else j)
+               for j in names]
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, title="jobs",
+               ncols=1 + len(names) // 30)
+    axes[-1, 0].set_xlabel(xlabel)
     if title:
         axes[0, 0].set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)

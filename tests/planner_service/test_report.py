@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from services.planner import report
@@ -103,3 +105,56 @@ def test_a_resize_that_keeps_a_gpu_ends_the_old_hold_when_the_new_attempt_starts
     hs = report.holds(events)
     assert [(h.attempt_id, h.start_s - T0, h.end_s - T0, len(h.gpus)) for h in hs] == [("a1", 0, 5, 1), ("a2", 5, 9, 2)]
     assert report.ownership_conflicts(hs) == []
+
+
+def test_batches_are_parted_by_an_idle_cluster_only():
+    spans = {"a": (0.0, 10.0), "b": (5.0, 20.0), "c": (20.0, 25.0), "d": (30.0, 31.0), "e": (31.0, 31.0)}
+    assert report.batches(spans) == [["a", "b", "c"], ["d", "e"]]
+    assert report.batches({}) == []
+
+
+def test_a_subset_counts_its_own_jobs_from_its_own_start():
+    f = report.figures(two_jobs_one_grows(), gpus=2, origin_s=T0,
+                       plan=[PlannedSegment("A", 0, 10, (("n0", 0),)), PlannedSegment("B", 0, 15, (("n0", 1),))])
+    f = replace(f, jobs=tuple(replace(j, state="FINISHED") for j in f.jobs))
+    sub, hs = report.subset(f, report.holds(two_jobs_one_grows()), ["B"], 1.0)
+    assert [j.job_id for j in sub.jobs] == ["B"] and sub.jobs[0].actual_finish_s == pytest.approx(15.0)
+    assert sub.makespan_s == pytest.approx(15.0) and sub.planned_makespan_s == pytest.approx(14.0)
+    assert min(h.start_s for h in hs) == pytest.approx(T0 - 1.0)  # (holds are Unix seconds: moved by 1 s)
+    assert [(r.job_id, r.time_s) for r in sub.resizes] == [("B", 10.0)] and sub.compute_utilisation == -1.0
+
+
+def test_the_text_names_the_plans_shows_cancelled_jobs_and_unknowns_as_dashes():
+    f = report.figures(two_jobs_one_grows(), gpus=2, origin_s=T0, plan=[PlannedSegment("A", 0, 10, (("n0", 0),))])
+    f = replace(f, jobs=(replace(f.jobs[0], state="FINISHED"), replace(f.jobs[1], state="CANCELLED")))
+    out = report.text(f, "v1 (omru)", {"B": ("v3", 14.5)})
+    assert "planned by the first plan v1 (omru) (not comparable: B not in it)" in out
+    a, b = [line.split() for line in out.splitlines() if line.split()[0] in ("A", "B")]
+    assert a[1] == "finished" and a[5] == "10.0" and a[6] == "-"  # no plan known at its start
+    assert b[1] == "cancelled" and b[5] == "-" and b[6:8] == ["14.5", "v3"]
+    assert "(in epochs)" not in report.text(replace(f, compute_utilisation=-1.0))
+
+
+def test_the_gantt_names_every_job_in_its_legend(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    seen = {}
+    save = plt.Figure.savefig
+
+    def spy(fig, *args, **kw):
+        seen["legend"] = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+        seen["panels"] = [ax.get_ylabel() for ax in fig.axes]
+        return save(fig, *args, **kw)
+
+    plt.Figure.savefig = spy
+    try:
+        report.gantt(str(tmp_path / "g.png"), report.holds(two_jobs_one_grows()), T0,
+                     plan=[PlannedSegment("A", 0, 10, (("n0", 0),)), PlannedSegment("C", 10, 12, (("n0", 0),))],
+                     plan_origin_s=T0, jobs=["A", "B", "C", "D"], plan_name="planned (v1)")
+    finally:
+        plt.Figure.savefig = save
+    assert seen["legend"] == ["A", "B (not planned)", "C (did not run)", "D (not planned, did not run)"]
+    assert seen["panels"] == ["planned (v1)", "actual"]

@@ -58,7 +58,7 @@ def handle(args) -> int:
                 ids = c.submit(w)
                 print(f"submitted {len(ids)} jobs: {', '.join(ids)}", flush=True)
                 latest = watch.follow(c, timeout_s=args.timeout, epochs={j.id: j.spec.epochs for j in w.jobs})
-                f = report.write(c.report_proto(), args.json_file, args.gantt)
+                f = report.write(c.report_proto(), args.json_file, args.gantt, plan=c.plan(), jobs=c.list_jobs())
             except grpc.RpcError as exc:
                 raise plannerargs.rpc_error(exc) from None
     finally:
