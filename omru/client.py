@@ -202,6 +202,8 @@ def _requests(jobs, policy: str):
         jobs = jobs.jobs
     if isinstance(jobs, (WorkloadJob, common_pb2.JobSpec)):
         jobs = [jobs]
+    if isinstance(jobs, (str, bytes)) or not isinstance(jobs, Iterable):
+        raise errors.InvalidArgument(f"jobs: {jobs!r} is not a job or a list of jobs")
     specs, hints = [], []
     for i, j in enumerate(jobs):
         if isinstance(j, common_pb2.JobSpec):
@@ -209,7 +211,10 @@ def _requests(jobs, policy: str):
             continue
         if not isinstance(j, WorkloadJob):
             raise errors.InvalidArgument(f"jobs[{i}]: {j!r} is not a job (omru.client.job, a WorkloadJob or a JobSpec)")
-        specs.append(convert.job_spec(j))
+        try:
+            specs.append(convert.job_spec(j))
+        except ValueError as exc:  # (SpecError: what a JobSpec cannot carry, named)
+            raise errors.InvalidArgument(f"job {j.id!r}: {exc}") from None
         if j.profile:
             hints.append(planner_pb2.JobProfile(job_id=j.id, epoch_seconds=dict(j.profile)))
     req = planner_pb2.SubmitJobsRequest(jobs=specs, policy=policy)
@@ -252,9 +257,9 @@ def _ids(job_ids: str | Iterable[str]) -> list[str]:
     return ids
 
 
-def _seconds(name: str, value: float | None) -> float | None:
-    """A time limit: None (none) or a finite number > 0, else InvalidArgument naming it."""
-    if value is None:
+def _seconds(name: str, value: float | None, required: bool = False) -> float | None:
+    """A time limit: None (none, unless required) or a finite number > 0, else InvalidArgument naming it."""
+    if value is None and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
         raise errors.InvalidArgument(f"{name}: {value!r} is not a number of seconds > 0")
@@ -291,7 +296,7 @@ class Client:
 
     def __init__(self, address: str | None = None, token: str | None = None, deadline_s: float = 10.0, tls=None,
                  registry: str | None = None) -> None:
-        self.deadline_s = _seconds("deadline_s", deadline_s)
+        self.deadline_s = _seconds("deadline_s", deadline_s, required=True)
         address, token, tls = connect_options(address, token, tls)
         self.address = address
         self.token = token

@@ -60,6 +60,8 @@ async def test_every_error_of_the_planner_is_an_sdk_error_keeping_its_code_and_d
             assert "job_id" in err.value.details() and "'bad id'" in err.value.details(), err.value.details()
             with pytest.raises(errors.InvalidArgument, match=r"jobs\[0\]: 'resnet18' is not a job"):
                 await c.submit(["resnet18"])
+            with pytest.raises(errors.InvalidArgument, match=r"jobs: 'resnet18' is not a job or a list of jobs"):
+                await c.submit("resnet18")
             with pytest.raises(errors.NotFound, match="ghost"):  # streams too
                 async for _ in c.logs("ghost"):
                     pass
@@ -147,7 +149,7 @@ def test_an_unreachable_planner_is_unavailable_naming_its_address_and_bad_settin
             c.status()
     assert err.value.address == address and address in str(err.value)
     for kwargs, text in [({"deadline_s": 0}, "deadline_s: 0 is not a number of seconds > 0"),
-                         ({"deadline_s": "5"}, "deadline_s: '5' is not")]:
+                         ({"deadline_s": "5"}, "deadline_s: '5' is not"), ({"deadline_s": None}, "deadline_s: None is not")]:
         with pytest.raises(errors.InvalidArgument, match=text):
             Client(address, **kwargs)
 
