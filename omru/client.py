@@ -195,7 +195,6 @@ def _requests(jobs, policy: str):
     """A SubmitJobsRequest from a Workload, WorkloadJobs (`job`) or JobSpec protos."""
     from omru.v1 import common_pb2, planner_pb2
     from omru.workload import Workload, WorkloadJob
-    from services.planner import convert
 
     if isinstance(jobs, Workload):
         policy = policy or jobs.policy
@@ -211,6 +210,8 @@ def _requests(jobs, policy: str):
             continue
         if not isinstance(j, WorkloadJob):
             raise errors.InvalidArgument(f"jobs[{i}]: {j!r} is not a job (omru.client.job, a WorkloadJob or a JobSpec)")
+        from services.planner import convert  # (here: JobSpecs alone need none of the planner's modules)
+
         try:
             specs.append(convert.job_spec(j))
         except ValueError as exc:  # (SpecError: what a JobSpec cannot carry, named)

@@ -190,3 +190,31 @@ def test_the_client_imports_and_runs_without_torch_and_tls_config_comes_from_omr
     assert done.stdout.splitlines() == ["unavailable UNAVAILABLE", "TlsConfig []"], done.stdout
     # the blocker works: the same interpreter cannot import torch
     assert "torch is blocked in this test" in blocked_python("import torch").stderr
+
+
+async def test_the_client_runs_without_the_servers_libraries_when_it_builds_no_workload(etcd, registry):
+    """What a client-only install would lack (etcd client, logging, metrics, numerics, torch) is never
+    imported by the calls, against a real planner and registry; only building jobs from a workload does."""
+    blocked = ("torch", "torchvision", "numpy", "scipy", "sklearn", "matplotlib", "aetcd", "structlog",
+               "prometheus_client", "pynvml")
+    async with planner(etcd.endpoint, registry.address) as (running, _d, _stub):
+        code = textwrap.dedent(f"""\
+            from omru import errors
+            from omru.client import SyncClient
+            from omru.v1 import common_pb2
+            with SyncClient({running.address!r}, registry={registry.address!r}) as c:
+                spec = common_pb2.JobSpec(job_id="p", model="mobilenet_v3_small", dataset="synthetic", num_classes=4,
+                                          image_size=16, train_samples=64, epochs=1, batch_size=8, base_batch=8,
+                                          base_lr=0.05, min_gpus=1, max_gpus=1)
+                print(c.submit(spec), [j.state for j in c.status()], c.nodes(), c.cancel("p"))
+                print({{j: s.state for j, s in c.wait(["p"], timeout=10).items()}})
+                try:
+                    c.cancel("ghost")
+                except errors.NotFound as exc:
+                    print(type(exc).__name__, exc.details())
+            """)
+        done = await asyncio.to_thread(blocked_python, code, blocked=blocked)
+    assert done.returncode == 0, done.stderr
+    first, second, third = done.stdout.splitlines()
+    assert first.startswith("['p'] [") and first.endswith("] [] CANCELLED"), first
+    assert second == "{'p': 'CANCELLED'}" and third == "NotFound job_id 'ghost' not found", done.stdout
