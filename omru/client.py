@@ -13,8 +13,9 @@
             print(chunk.text, end="")
 
 Every unary call has a deadline (`deadline_s`, default 10 s); watches run
-until the caller stops them (or, with ``until_done``, until every watched job
-is in a terminal state). `logs` reads a job's logs through the planner, which
+until the caller stops them, ``timeout_s`` passes or, with ``until_done``,
+every watched job is in a terminal state (each stream has a one-day deadline
+and is reopened after it). `logs` reads a job's logs through the planner, which
 asks the executor of every node that ran the job: `LogChunk`s (node, attempt,
 rank, bytes), node after node; with ``follow`` as the ranks print, until
 their attempts end or ``timeout_s`` passes (default 60 s, with follow a day).
