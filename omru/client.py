@@ -13,15 +13,21 @@
             print(chunk.text, end="")
 
 Every unary call has a deadline (`deadline_s`, default 10 s); watches run
-until the caller stops them (or, with ``until_done``, until every watched job
-is in a terminal state). `logs` reads a job's logs through the planner, which
+until the caller stops them, ``timeout_s`` passes or, with ``until_done``,
+every watched job is in a terminal state (each stream has a one-day deadline
+and is reopened after it). `logs` reads a job's logs through the planner, which
 asks the executor of every node that ran the job: `LogChunk`s (node, attempt,
 rank, bytes), node after node; with ``follow`` as the ranks print, until
 their attempts end or ``timeout_s`` passes (default 60 s, with follow a day).
-Errors surface as `grpc.aio.AioRpcError` / the status code the planner chose
-(INVALID_ARGUMENT names each bad value, NOT_FOUND an unknown job).
-Against a planner serving TLS pass ``tls=TlsConfig(ca_file=..., cert_file=...,
-key_file=...)`` (services.common.config; the certificate only for mutual TLS).
+Errors are the SDK's own (omru.errors): every method raises an `OmruError`
+subclass of the status code the service answered with (`InvalidArgument`
+names each bad value, `NotFound` an unknown job, `Unavailable` a planner that
+cannot be reached), keeping the code (``code()``) and the service's words
+(``details()``). `wait` blocks until jobs end (`WaitTimeout` when its time is
+up), `nodes` lists the cluster's nodes (from the registry), `job` builds a
+validated job. Against a planner serving TLS pass ``tls=TlsConfig(ca_file=...,
+cert_file=..., key_file=...)`` (``from omru import TlsConfig``; the
+certificate only for mutual TLS). docs/sdk.md has a complete example.
 
 Without an address (``SyncClient()``) the client finds the planner as the
 command line does: ``$OMRU_PLANNER``, else the context `omru up` wrote
@@ -34,9 +40,12 @@ command line does: ``$OMRU_PLANNER``, else the context `omru up` wrote
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterator, Sequence
+from typing import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+
+from omru import errors
 
 TERMINAL = ("FINISHED", "FAILED", "CANCELLED")
 
@@ -103,6 +112,27 @@ class ReportInfo:
 
 
 @dataclass(frozen=True)
+class GpuSlot:
+    """One GPU (or CPU slot) of a node and the job that holds it ("" when free)."""
+
+    index: int
+    kind: str
+    memory_bytes: int
+    job_id: str
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A live node: its executor's address, its GPUs and their holders, when it registered, its lease's TTL."""
+
+    node_id: str
+    address: str
+    gpus: tuple[GpuSlot, ...]
+    registered_unix_s: float
+    ttl_seconds: int
+
+
+@dataclass(frozen=True)
 class LogChunk:
     """Bytes one rank of a job printed (stdout and stderr, in the order they came), on one node.
 
@@ -141,7 +171,7 @@ def _state_value(state: str | int) -> int:
     name = name if name.startswith("JOB_STATE_") else f"JOB_STATE_{name}"
     if name == "JOB_STATE_UNSPECIFIED" or name not in common_pb2.JobState.keys():
         known = ", ".join(n.removeprefix("JOB_STATE_") for n in common_pb2.JobState.keys()[1:])
-        raise ValueError(f"unknown job state {state!r}; known: {known}")
+        raise errors.InvalidArgument(f"unknown job state {state!r}; known: {known}")
     return common_pb2.JobState.Value(name)
 
 
@@ -163,26 +193,79 @@ def _report(r) -> ReportInfo:
 
 
 def _requests(jobs, policy: str):
-    """A SubmitJobsRequest from a Workload, WorkloadJobs or JobSpec protos."""
+    """A SubmitJobsRequest from a Workload, WorkloadJobs (`job`) or JobSpec protos."""
     from omru.v1 import common_pb2, planner_pb2
-    from omru.workload import Workload
-    from services.planner import convert
+    from omru.workload import Workload, WorkloadJob
 
     if isinstance(jobs, Workload):
         policy = policy or jobs.policy
         jobs = jobs.jobs
+    if isinstance(jobs, (WorkloadJob, common_pb2.JobSpec)):
+        jobs = [jobs]
+    if isinstance(jobs, (str, bytes)) or not isinstance(jobs, Iterable):
+        raise errors.InvalidArgument(f"jobs: {jobs!r} is not a job or a list of jobs")
     specs, hints = [], []
-    for j in jobs:
+    for i, j in enumerate(jobs):
         if isinstance(j, common_pb2.JobSpec):
             specs.append(j)
             continue
-        specs.append(convert.job_spec(j))
+        if not isinstance(j, WorkloadJob):
+            raise errors.InvalidArgument(f"jobs[{i}]: {j!r} is not a job (omru.client.job, a WorkloadJob or a JobSpec)")
+        from services.planner import convert  # (here: JobSpecs alone need none of the planner's modules)
+
+        try:
+            specs.append(convert.job_spec(j))
+        except ValueError as exc:  # (SpecError: what a JobSpec cannot carry, named)
+            raise errors.InvalidArgument(f"job {j.id!r}: {exc}") from None
         if j.profile:
             hints.append(planner_pb2.JobProfile(job_id=j.id, epoch_seconds=dict(j.profile)))
     req = planner_pb2.SubmitJobsRequest(jobs=specs, policy=policy)
     if hints:
         req.profiles.extend(hints)
     return req
+
+
+def job(job_id: str, *, epochs: int, model: str | None = None, dataset: str | None = None,
+        command: Sequence[str] | None = None, workdir: str | None = None, env: Mapping[str, str] | None = None,
+        batch_size: int | None = None, base_lr: float | None = None, base_batch: int | None = None,
+        min_gpus: int | None = None, max_gpus: int | None = None, profile: Mapping[int, float] | None = None,
+        **fields):
+    """A validated job to `submit` (an omru.workload.WorkloadJob): a model of the zoo (model, dataset) or
+    your own script (command, workdir, env), with the fields of a workload file (omru/workload.py;
+    unset: their defaults; ``fields``: the others, such as image_size, seed, train_samples).
+
+    Raises `errors.InvalidArgument` naming every bad value (and any unknown field)."""
+    from omru import workload
+
+    named = dict(epochs=epochs, model=model, dataset=dataset, command=None if command is None else list(command),
+                 workdir=workdir, env=None if env is None else dict(env), batch_size=batch_size, base_lr=base_lr,
+                 base_batch=base_batch, min_gpus=min_gpus, max_gpus=max_gpus,
+                 profile=None if profile is None else dict(profile))
+    raw = {"id": job_id, **{k: v for k, v in named.items() if v is not None}, **fields}
+    try:
+        return workload.from_dict({"jobs": [raw]}, source=f"job {job_id!r}").jobs[0]
+    except workload.WorkloadError as exc:
+        raise errors.InvalidArgument("; ".join(exc.problems)) from None
+
+
+def _ids(job_ids: str | Iterable[str]) -> list[str]:
+    """job ids as a list (one id alone is one job); InvalidArgument when none is given or one is not a string."""
+    ids = [job_ids] if isinstance(job_ids, str) else list(job_ids)
+    if not ids:
+        raise errors.InvalidArgument("job_ids: no job id given")
+    for i, j in enumerate(ids):
+        if not isinstance(j, str) or not j:
+            raise errors.InvalidArgument(f"job_ids[{i}]: {j!r} is not a job id")
+    return ids
+
+
+def _seconds(name: str, value: float | None, required: bool = False) -> float | None:
+    """A time limit: None (none, unless required) or a finite number > 0, else InvalidArgument naming it."""
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise errors.InvalidArgument(f"{name}: {value!r} is not a number of seconds > 0")
+    return float(value)
 
 
 def connect_options(address: str | None = None, token: str | None = None, tls=None, service: str = "planner"):
@@ -192,11 +275,14 @@ def connect_options(address: str | None = None, token: str | None = None, tls=No
 
     from omru import context
 
-    conn = context.resolve(service, address, token,
-                           default=context.DEFAULT_PLANNER if service == "planner" else None)
+    try:
+        conn = context.resolve(service, address, token,
+                               default=context.DEFAULT_PLANNER if service == "planner" else None)
+    except context.ContextError as exc:
+        raise errors.InvalidArgument(f"{exc} (fix or remove it, or set ${context.ENV})") from None
     if conn.address is None:
-        raise ValueError(f"no {service} address: pass one, set ${context.ADDRESS_ENV[service]}, or start a cluster "
-                         f"with `omru up` (context {context.path()})")
+        raise errors.Unavailable(f"no {service} address: pass one, set ${context.ADDRESS_ENV[service]}, or start "
+                                 f"a cluster with `omru up` (context {context.path()})")
     if tls is None and (conn.tls_ca or conn.tls_cert or conn.tls_key):
         from services.common.config import TlsConfig
 
@@ -205,16 +291,22 @@ def connect_options(address: str | None = None, token: str | None = None, tls=No
 
 
 class Client:
-    """Asyncio client of PlannerService (use as ``async with Client(addr) as c``; no address: `connect_options`)."""
+    """Asyncio client of PlannerService (use as ``async with Client(addr) as c``; no address: `connect_options`).
 
-    def __init__(self, address: str | None = None, token: str | None = None, deadline_s: float = 10.0, tls=None) -> None:
+    registry: the registry's address for `nodes` (default: $OMRU_REGISTRY, else the context's); it gets
+    the same token and TLS as the planner."""
+
+    def __init__(self, address: str | None = None, token: str | None = None, deadline_s: float = 10.0, tls=None,
+                 registry: str | None = None) -> None:
+        self.deadline_s = _seconds("deadline_s", deadline_s, required=True)
         address, token, tls = connect_options(address, token, tls)
         self.address = address
         self.token = token
-        self.deadline_s = deadline_s
-        self.tls = tls  # services.common.config.TlsConfig: CA (and client certificate for mutual TLS)
+        self.tls = tls  # a TlsConfig (from omru import TlsConfig): CA (and client certificate for mutual TLS)
+        self.registry = registry
         self._channel = None
         self._stub = None
+        self._registry_channel = None
 
     async def __aenter__(self) -> "Client":
         from omru.v1 import planner_pb2_grpc
@@ -228,25 +320,41 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        for channel in (self._channel, self._registry_channel):
+            if channel is not None:
+                await channel.close()
+        self._channel = self._registry_channel = self._stub = None
+
+    @property
+    def _planner(self):
+        if self._stub is None:
+            raise RuntimeError("the client is not open: use `async with Client(...) as c` (or SyncClient)")
+        return self._stub
+
+    async def _call(self, method: str, request, stub=None):
+        """A unary call with the client's deadline; an RpcError becomes the SDK's error."""
+        import grpc
+
+        try:
+            return await getattr(stub or self._planner, method)(request, timeout=self.deadline_s)
+        except grpc.RpcError as exc:
+            raise errors.from_rpc(exc, self.address if stub is None else self.registry) from exc
 
     async def submit(self, jobs, policy: str = "") -> list[str]:
-        """Submit a `Workload` (or WorkloadJobs / JobSpecs); returns the job ids."""
-        reply = await self._stub.SubmitJobs(_requests(jobs, policy), timeout=self.deadline_s)
-        return list(reply.job_ids)
+        """Submit a `Workload`, or jobs (`job`, WorkloadJobs, JobSpecs; one alone or a list); returns the job ids."""
+        return list((await self._call("SubmitJobs", _requests(jobs, policy))).job_ids)
 
     async def cancel(self, job_id: str) -> str:
+        """Cancel a job (its workers stop, its GPUs go to other jobs); its state then (CANCELLED, or the
+        terminal state it already had). NotFound for an unknown job."""
         from omru.v1 import planner_pb2
 
-        reply = await self._stub.CancelJob(planner_pb2.CancelJobRequest(job_id=job_id), timeout=self.deadline_s)
-        return _state(reply.state)
+        return _state((await self._call("CancelJob", planner_pb2.CancelJobRequest(job_id=job_id))).state)
 
     async def plan(self) -> PlanInfo:
         from omru.v1 import planner_pb2
 
-        return _plan((await self._stub.GetPlan(planner_pb2.GetPlanRequest(), timeout=self.deadline_s)).plan)
+        return _plan((await self._call("GetPlan", planner_pb2.GetPlanRequest())).plan)
 
     async def report(self) -> ReportInfo:
         return _report(await self.report_proto())
@@ -255,23 +363,64 @@ class Client:
         """The raw omru.v1.Report (for tools that draw it)."""
         from omru.v1 import planner_pb2
 
-        return (await self._stub.GetReport(planner_pb2.GetReportRequest(), timeout=self.deadline_s)).report
+        return (await self._call("GetReport", planner_pb2.GetReportRequest())).report
 
     async def list_jobs(self, states: Sequence[str | int] = (), job_ids: Sequence[str] = ()) -> list[JobStatus]:
         """Every job where it stands now, by job_id (PlannerService.ListJobs; a standby planner answers too).
 
         states: only jobs in these states, by name ("RUNNING", "running" or "JOB_STATE_RUNNING") or
-        omru.v1.JobState value (ValueError naming an unknown name; INVALID_ARGUMENT an unknown value);
-        job_ids: only these jobs. Empty: no filter."""
+        omru.v1.JobState value (InvalidArgument naming an unknown name or value); job_ids: only these
+        jobs. Empty: no filter."""
         from omru.v1 import planner_pb2
 
         request = planner_pb2.ListJobsRequest(states=[_state_value(x) for x in states], job_ids=list(job_ids))
-        reply = await self._stub.ListJobs(request, timeout=self.deadline_s)
-        return [_status(u) for u in reply.jobs]
+        return [_status(u) for u in (await self._call("ListJobs", request)).jobs]
 
     async def status(self) -> list[JobStatus]:
         """The current state of every job, by job_id (`list_jobs` without filters)."""
         return await self.list_jobs()
+
+    async def wait(self, job_ids: str | Iterable[str], timeout: float | None = None) -> dict[str, JobStatus]:
+        """Block until every job named is FINISHED, FAILED or CANCELLED; their final states, by job id in
+        the order given. NotFound names the jobs the planner does not know; `errors.WaitTimeout` (with
+        the last states seen) when ``timeout`` seconds pass first (None: no limit)."""
+        ids = _ids(job_ids)
+        timeout = _seconds("timeout", timeout)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        known = {j.job_id: j for j in await self.list_jobs(job_ids=ids)}
+        missing = [j for j in ids if j not in known]
+        if missing:
+            raise errors.NotFound(f"no job {', '.join(map(repr, missing))} on the planner", address=self.address)
+        latest: dict[str, JobStatus] = dict(known)
+        if not all(s.done for s in latest.values()):
+            left = None if timeout is None else max(1e-3, timeout - (loop.time() - began))
+            async for s in self.watch(ids, until_done=True, timeout_s=left):
+                latest[s.job_id] = s
+        if all(latest[j].done for j in ids):
+            return {j: latest[j] for j in ids}
+        running = ", ".join(f"{j} {latest[j].state}" for j in ids if not latest[j].done)
+        raise errors.WaitTimeout(f"jobs not done within {timeout} s: {running}", {j: latest[j] for j in ids},
+                                 address=self.address)
+
+    async def nodes(self) -> list[NodeInfo]:
+        """Every live node of the cluster, its GPUs and which job holds each (RegistryService.ListNodes
+        and ListClaims, at the client's registry: see the class)."""
+        from omru.v1 import registry_pb2, registry_pb2_grpc
+        from services.common.channels import open_channel
+
+        if self._registry_channel is None:
+            self._planner  # (open first)
+            self.registry, _, _ = connect_options(self.registry, self.token, self.tls, service="registry")
+            self._registry_channel = open_channel(self.registry, token=self.token, tls=self.tls,
+                                                  deadline=self.deadline_s)
+        stub = registry_pb2_grpc.RegistryServiceStub(self._registry_channel)
+        nodes = await self._call("ListNodes", registry_pb2.ListNodesRequest(), stub)
+        claims = await self._call("ListClaims", registry_pb2.ListClaimsRequest(), stub)
+        holder = {(c.gpu.node_id, c.gpu.index): c.job_id for c in claims.claims}
+        return [NodeInfo(n.node_id, n.address, tuple(GpuSlot(g.index, g.kind, g.memory_bytes,
+                                                             holder.get((n.node_id, g.index), "")) for g in n.gpus),
+                         n.registered_unix_s, n.ttl_seconds) for n in nodes.nodes]
 
     async def logs(self, job_id: str, rank: int | None = None, attempt: int = 0, follow: bool = False,
                    timeout_s: float | None = None) -> AsyncIterator[LogChunk]:
@@ -279,40 +428,47 @@ class Client:
 
         rank: only that rank (None: every rank); attempt: the Nth attempt on
         each node (0: the newest). With follow, the end of timeout_s ends the
-        iteration quietly. NOT_FOUND for an unknown job or one no node has logs
-        of, INVALID_ARGUMENT naming a bad value."""
+        iteration quietly. NotFound for an unknown job or one no node has logs
+        of, InvalidArgument naming a bad value."""
         import grpc
 
         from omru.v1 import planner_pb2
 
+        timeout_s = _seconds("timeout_s", timeout_s)
         request = planner_pb2.GetJobLogsRequest(job_id=job_id, attempt=attempt, follow=follow)
         if rank is not None:
             request.rank = rank
-        call = self._stub.GetJobLogs(request, timeout=timeout_s or (FOLLOW_DEADLINE_S if follow else LOGS_DEADLINE_S))
+        call = self._planner.GetJobLogs(request, timeout=timeout_s or (FOLLOW_DEADLINE_S if follow else LOGS_DEADLINE_S))
         try:
             async for c in call:
                 yield LogChunk(c.node_id, c.attempt, c.attempt_id, c.rank, c.data)
-        except grpc.aio.AioRpcError as exc:
+        except grpc.RpcError as exc:
             if not (follow and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise
+                raise errors.from_rpc(exc, self.address) from exc
         finally:
             call.cancel()
 
-    def _watch_call(self, job_ids: Sequence[str], after_revision: int):
+    def _watch_call(self, job_ids: Sequence[str], after_revision: int, timeout_s: float):
         from omru.v1 import planner_pb2
 
-        return self._stub.WatchJobs(planner_pb2.WatchJobsRequest(after_revision=after_revision, job_ids=list(job_ids)))
+        return self._planner.WatchJobs(planner_pb2.WatchJobsRequest(after_revision=after_revision,
+                                                                    job_ids=list(job_ids)), timeout=timeout_s)
 
     async def watch(self, job_ids: Sequence[str] = (), after_revision: int = 0, until_done: bool = False,
                     timeout_s: float | None = None) -> AsyncIterator[JobStatus]:
-        """Job updates: the current state first, then live; reconnects after a broken stream."""
+        """Job updates: the current state first, then live; reconnects after a broken stream (and after
+        each stream's deadline, a day, when there is no timeout_s). The end of timeout_s ends it quietly."""
         import grpc
 
+        timeout_s = _seconds("timeout_s", timeout_s)
         latest: dict[str, JobStatus] = {}
         loop = asyncio.get_running_loop()
         end = None if timeout_s is None else loop.time() + timeout_s
         while True:
-            call = self._watch_call(job_ids, after_revision)
+            left = None if end is None else end - loop.time()
+            if left is not None and left <= 0:
+                return
+            call = self._watch_call(job_ids, after_revision, FOLLOW_DEADLINE_S if left is None else left + 5.0)
             try:
                 while True:
                     left = None if end is None else end - loop.time()
@@ -331,9 +487,9 @@ class Client:
                     if until_done and latest and all(x.done for x in latest.values()) and \
                             (not job_ids or set(job_ids) <= set(latest)):
                         return
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise errors.from_rpc(exc, self.address) from exc
                 await asyncio.sleep(0.5)
             finally:
                 call.cancel()
@@ -342,8 +498,10 @@ class Client:
 class SyncClient:
     """Blocking wrapper of `Client` (its own event loop on a daemon thread)."""
 
-    def __init__(self, address: str | None = None, token: str | None = None, deadline_s: float = 10.0, tls=None) -> None:
-        self._client = Client(address, token=token, deadline_s=deadline_s, tls=tls)  # resolves the address first
+    def __init__(self, address: str | None = None, token: str | None = None, deadline_s: float = 10.0, tls=None,
+                 registry: str | None = None) -> None:
+        # resolves the address first
+        self._client = Client(address, token=token, deadline_s=deadline_s, tls=tls, registry=registry)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="omru-client", daemon=True)
         self._thread.start()
@@ -390,6 +548,14 @@ class SyncClient:
     def status(self) -> list[JobStatus]:
         return self._run(self._client.status())
 
+    def wait(self, job_ids: str | Iterable[str], timeout: float | None = None) -> dict[str, JobStatus]:
+        """`Client.wait`, blocking."""
+        return self._run(self._client.wait(job_ids, timeout))
+
+    def nodes(self) -> list[NodeInfo]:
+        """`Client.nodes`, blocking."""
+        return self._run(self._client.nodes())
+
     def watch(self, job_ids: Sequence[str] = (), after_revision: int = 0, until_done: bool = False,
               timeout_s: float | None = None) -> Iterator[JobStatus]:
         return self._iterate(self._client.watch(job_ids, after_revision, until_done, timeout_s))
@@ -410,4 +576,5 @@ class SyncClient:
             self._run(agen.aclose())
 
 
-__all__ = ["Client", "SyncClient", "connect_options", "JobStatus", "PlanInfo", "ReportInfo", "JobResult", "PlannedSegment", "LogChunk"]
+__all__ = ["Client", "SyncClient", "job", "connect_options", "JobStatus", "PlanInfo", "ReportInfo", "JobResult",
+           "PlannedSegment", "LogChunk", "NodeInfo", "GpuSlot", "TERMINAL"]

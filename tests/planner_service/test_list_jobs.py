@@ -121,6 +121,7 @@ async def test_a_standby_planner_lists_the_jobs_the_leader_stored(etcd, registry
 
 
 async def test_the_sdk_and_omru_status_list_jobs_through_list_jobs(etcd, registry, capsys):
+    from omru import errors
     from omru.cli.main import main
     from omru.client import Client
 
@@ -131,9 +132,9 @@ async def test_the_sdk_and_omru_status_list_jobs_through_list_jobs(etcd, registr
             assert [j.job_id for j in await c.status()] == ["p", "q"]
             assert [(j.job_id, j.state) for j in await c.list_jobs(states=["cancelled"])] == [("q", "CANCELLED")]
             assert [j.job_id for j in await c.list_jobs(states=[S.JOB_STATE_CANCELLED], job_ids=["p"])] == []
-            with pytest.raises(ValueError, match="'bogus'"):
+            with pytest.raises(errors.InvalidArgument, match="'bogus'"):
                 await c.list_jobs(states=["bogus"])
-            with pytest.raises(grpc.aio.AioRpcError) as err:
+            with pytest.raises(errors.InvalidArgument) as err:
                 await c.list_jobs(states=[99])
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "states[0]: 99" in err.value.details()
 

@@ -94,6 +94,7 @@ def test_precedence_is_flag_then_env_then_context_then_default(clean_env, monkey
 
 
 def test_the_sdk_finds_the_planner_of_the_context(clean_env, monkeypatch):
+    from omru import errors
     from omru.client import Client, SyncClient, connect_options
 
     assert connect_options() == ("127.0.0.1:50051", None, None)
@@ -104,7 +105,7 @@ def test_the_sdk_finds_the_planner_of_the_context(clean_env, monkeypatch):
     with SyncClient("10.0.0.4:4000") as c:
         assert c.address == "10.0.0.4:4000"
     clean_env.unlink()
-    with pytest.raises(ValueError, match="no registry address"):
+    with pytest.raises(errors.Unavailable, match="no registry address"):
         connect_options(service="registry")
 
 

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import grpc
 
+from omru import errors
 from omru.client import Client, SyncClient
 from omru.v1 import common_pb2, planner_pb2
 from tests.executor.service_builders import executors
 from tests.planner_service.planner_helpers import planner
-from tests.platform.platform_helpers import register_request, rpc_error
+from tests.platform.platform_helpers import register_request
 
 REPO = Path(__file__).resolve().parents[2]
 GATE = """import os, sys, time
@@ -112,7 +113,7 @@ async def test_logs_through_the_planner_follow_a_running_job_and_read_a_finished
         assert b"".join(ch.data for ch in chunks).decode().endswith("released\n")
 
         # bad input names the field; an unknown job, or an attempt no node ran, is NOT_FOUND
-        invalid, missing = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
+        invalid, missing = errors.InvalidArgument, errors.NotFound
         async with Client(running.address) as c:
             for kwargs, code, text in [
                 ({"job_id": ""}, invalid, "job_id: is required"),
@@ -126,8 +127,8 @@ async def test_logs_through_the_planner_follow_a_running_job_and_read_a_finished
                  "not 5)"),
                 ({"job_id": "gate-a", "rank": 3}, missing, "ran ranks [0] on this node, not 3"),
             ]:
-                err = await rpc_error(_drain(c.logs(**kwargs)))
-                assert err.code() == code and text in err.details(), (kwargs, err.details())
+                err = await sdk_error(_drain(c.logs(**kwargs)))
+                assert type(err) is code and err.code() == code.status and text in err.details(), (kwargs, err)
         for args, text in [(("ghost",), "omru logs: error: planner said NOT_FOUND: job_id 'ghost' not found"),
                            (("gate-a", "--attempt", "-1"), "--attempt -1 is negative"),
                            (("gate-a", "--timeout", "0"), "--timeout 0.0 must be > 0")]:
@@ -148,9 +149,19 @@ async def test_logs_through_the_planner_follow_a_running_job_and_read_a_finished
                 register_request("n0-gone", slots=1, ttl=30, port=free_port()), timeout=10)
         got = []
         async with Client(running.address) as c:
-            err = await rpc_error(_drain(c.logs("gate-a"), got))
-        assert err.code() == grpc.StatusCode.UNAVAILABLE and "n0-gone (127.0.0.1:" in err.details(), err.details()
+            err = await sdk_error(_drain(c.logs("gate-a"), got))
+        assert isinstance(err, errors.Unavailable) and err.code() == grpc.StatusCode.UNAVAILABLE
+        assert "n0-gone (127.0.0.1:" in err.details(), err.details()
         assert "".join(ch.text for ch in got).endswith("released\n")  # n1's logs all the same
+
+
+async def sdk_error(call) -> errors.OmruError:
+    """The SDK error an awaited call raises (AssertionError when it succeeds)."""
+    try:
+        await call
+    except errors.OmruError as exc:
+        return exc
+    raise AssertionError("call succeeded, expected an error")
 
 
 async def _drain(stream, into: list | None = None) -> None:
