@@ -111,7 +111,8 @@ def run(command: str, func, args) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:
-        if type(exc).__module__.startswith("grpc"):
+        grpc = sys.modules.get("grpc")  # (imported by whatever raised it; the SDK's errors are RpcErrors too)
+        if grpc is not None and isinstance(exc, grpc.RpcError):
             mapped = from_rpc(exc)
             if mapped is not None:
                 print(f"omru: {mapped}", file=sys.stderr)
