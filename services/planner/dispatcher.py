@@ -1,45 +1,40 @@
 """Plan -> GPU claims -> directives: the plan is carried out as it really happens.
 
-`Dispatcher` is the planner's engine. It follows the registry (WatchCluster:
-nodes joining and leaving) and every executor's event log (WatchEvents: the
-events that arrived while the last were handled, handled together, with a
-job's epochs in one record write and the events stored in one transaction per
-100), and keeps job state in etcd (services/planner/state.py; this planner is the one
-writer of job records and keeps them in memory too).
+`Dispatcher` is the planner's engine, in three parts, each in its own module:
 
-Replanning (`reconcile`) happens when a job is submitted, cancelled or fails,
-a node joins or is lost, a job's mean epoch time departs from the plan's by
-more than REPLAN_DEVIATION and enough to move its end by more than the
-lateness slack (`departs`), or nothing planned can start while every job
-waits. It plans the remaining work with the policy from the core registry
-(problem.py: the problem from the live jobs, with what runs as committed
-history; the plan in force kept unless the new one is better by more than
-MAKESPAN_TOLERANCE; the plan back as steps); the planning runs in a thread (a
-large problem: in a child process, so that it does not starve the event loop
-of the GIL: lease keep-alives, executor events) and everything keeps going
-meanwhile.
+- ingest (ingest.py, `Ingest`): the registry's nodes and every executor's
+  event log in; job records (state.py, through its one transition table),
+  released claims, learned epoch times, and requests for a pass out;
+- reconcile (here): plan -> decide. Replanning (`reconcile`) happens when a
+  job is submitted, cancelled or fails, a node joins or is lost, a job's mean
+  epoch time departs from the plan's by more than REPLAN_DEVIATION and enough
+  to move its end by more than the lateness slack (`departs`), a job ends
+  early, or nothing planned can start while every job waits. It plans the
+  remaining work with the policy from the core registry (problem.py: the
+  problem from the live jobs, with what runs as committed history; the plan
+  in force kept unless the new one is better by more than
+  MAKESPAN_TOLERANCE; the plan back as steps); the planning runs in a thread
+  (a large problem: in a child process, so that it does not starve the event
+  loop of the GIL: lease keep-alives, executor events) and everything keeps
+  going meanwhile. Following (`_follow`, on every event that frees GPUs or
+  brings a job to a planned move) decides which planned steps begin now, on
+  exactly the planned GPUs and in the planned order per GPU (follow.py);
+- actuation (actuate.py, `Actuation`): each move, stop and release written as
+  desired state, one fenced etcd transaction each, which the executors
+  reconcile (services/executor/servicer.py AllocationWatch). A GPU's claim is
+  given up when its executor reports it released, never before: the
+  planner's view of free GPUs never runs ahead of the executors.
 
-Following (`_follow`, on every event that frees GPUs or brings a job to a
-planned move) begins the planned steps whose time has really come, on exactly
-the planned GPUs and in the planned order per GPU (follow.py), by writing
-desired state: one etcd transaction (fenced by the leader key) claims the
-GPUs the job gains, stores its record and writes its allocation (the attempt
-to run, as an executor Directive) for each node it will run on, removing
-those of the nodes it leaves. Executors watch their node's allocations and
-reconcile (services/executor/servicer.py AllocationWatch): a resized job
-moves at its next epoch boundary (the executor checkpoints, releases and
-restarts it with the learning rate rescaled). A GPU's claim is given up when
-its executor reports it released (or its node is lost), never before: the
-planner's view of free GPUs never runs ahead of the executors.
-
+This planner is the one writer of job records and keeps them in memory too.
 Profiles: a job submitted with epoch times (workload `profile:`) uses them;
 otherwise the profiler service measures it, each trial run by this planner
-as an allocation like a job's (trials.py: the thin hooks here route a
-trial's executor events there and count its GPUs as owned). Every epoch an executor reports
-refines them (learn.py: the planner plans with the mean epoch time observed at
-each placement once it settled away from the time planned there). Start overhead (directive sent ->
-first epoch done, minus that epoch's own seconds) is measured on every
-attempt; until the first measurement the configured prior is used.
+as an allocation like a job's (trials.py: the thin hooks in ingest route a
+trial's executor events there and count its GPUs as owned). Every epoch an
+executor reports refines them (learn.py: the planner plans with the mean
+epoch time observed at each placement once it settled away from the time
+planned there). Start overhead (directive sent -> first epoch done, minus
+that epoch's own seconds) is measured on every attempt; until the first
+measurement the configured prior is used.
 """
 
 from __future__ import annotations
@@ -55,15 +50,13 @@ from typing import Mapping, Sequence
 from services.common.aio import wait_event
 from services.common.etcd import Fenced
 from services.common.logging import get_logger
-from services.executor.servicer import is_refusal
-from services.executor.supervisor import is_self_stop
 from services.planner import state as st
 from services.planner import problem as planning
-from services.planner.follow import Live, Move, Step, blockers, follow, late
-from services.planner.learn import observe, settled, timing
+from services.planner.actuate import Actuation
+from services.planner.follow import Live, Step, blockers, follow, late
+from services.planner.ingest import Ingest
+from services.planner.learn import settled, timing
 from services.planner.metrics import PlannerMeter
-from services.planner import report as ev
-from services.planner.report import Event
 from services.planner.state import JobRecord, PlannerState
 from services.planner.trials import TRIAL_TIMEOUT_S, Trials, is_trial_id
 
@@ -81,13 +74,6 @@ REPLAN_QUIET_MAX_S = 2.0
 SUBMISSIONS_WAIT_MAX_S = 10.0
 #: Seconds between passes over the plan when no event asks for one.
 FOLLOW_EVERY_S = 5.0
-#: Seconds before a refused claim is tried again.
-CLAIM_RETRY_S = 0.2
-#: A job its executors refuse this many times in a row (a placement or spec they cannot run) fails,
-#: with their reason, rather than being replanned onto the same refusal again and again.
-MAX_REFUSALS = 3
-#: The most events of one node handled (and stored, in one transaction per 100) together.
-EVENT_BATCH = 500
 #: A step that should have begun this share of the plan's makespan ago, while a GPU it needs idles, or a
 #: job that ends this much earlier than planned, makes the planner replan.
 REPLAN_LATE = 0.05
@@ -112,7 +98,7 @@ def departs(planned_s: float, seen: Sequence[float] | None, epochs_left: int, ma
 # --- the engine ---------------------------------------------------------------
 
 
-class Dispatcher:
+class Dispatcher(Ingest, Actuation):
     """Follows the cluster and the executors, keeps job state, plans and dispatches."""
 
     def __init__(self, state: PlannerState, registry: str, profiler: str, policy: str = "", token: str | None = None,
@@ -305,277 +291,6 @@ class Dispatcher:
             c, state=st.CANCELLED, finished_s=time.time(), message="cancelled by a client"))
         self.poke()
         return r
-
-    # following the cluster -------------------------------------------------------
-
-    async def _follow_cluster(self) -> None:
-        from omru.v1 import registry_pb2
-
-        backoff = 0.2
-        while True:
-            try:
-                listing = await self._registry().ListNodes(registry_pb2.ListNodesRequest(), timeout=5)
-                for n in listing.nodes:
-                    self._node_up(n)
-                self._node_set({n.node_id for n in listing.nodes})
-                stream = self._registry().WatchCluster(registry_pb2.WatchClusterRequest(after_revision=listing.revision))
-                async for batch in stream:
-                    backoff = 0.2
-                    for e in batch.events:
-                        if e.kind in (registry_pb2.CLUSTER_EVENT_KIND_NODE_ADDED, registry_pb2.CLUSTER_EVENT_KIND_NODE_UPDATED):
-                            self._node_up(e.node)
-                        elif e.kind == registry_pb2.CLUSTER_EVENT_KIND_NODE_REMOVED:
-                            await self._node_lost(e.node.node_id)
-                        elif e.kind == registry_pb2.CLUSTER_EVENT_KIND_RESYNC:
-                            break  # re-list below
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # registry away: keep what we know, retry
-                log.warning("cluster_watch_broken", error=str(exc))
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-
-    def _node_set(self, live: set[str]) -> None:
-        for node_id in [n for n in self.nodes if n not in live]:
-            asyncio.get_running_loop().create_task(self._node_lost(node_id))
-
-    def _node_up(self, node) -> None:
-        known = self.nodes.get(node.node_id)
-        self.nodes[node.node_id], self._gpus = node, None
-        self.gpu_total = max(self.gpu_total, sum(len(n.gpus) for n in self.nodes.values()))
-        if known is None or known.address != node.address or node.node_id not in self._followers:
-            old = self._followers.pop(node.node_id, None)
-            if old:
-                old.cancel()
-            self._followers[node.node_id] = asyncio.get_running_loop().create_task(self._follow_node(node.node_id))
-            log.info("node_up", node=node.node_id, gpus=len(node.gpus))
-            self.poke()
-            self.trials.freed()
-
-    async def _node_lost(self, node_id: str) -> None:
-        if self.nodes.pop(node_id, None) is None:
-            return
-        self._gpus = None
-        t = self._followers.pop(node_id, None)
-        if t:
-            t.cancel()
-        log.warning("node_lost", node=node_id)
-        for g in [g for g in self.owner if g[0] == node_id]:  # its claims went with its lease
-            del self.owner[g]
-        self.trials.node_lost(node_id)
-        for r in list(self.records.values()):
-            if not r.terminal and any(g[0] == node_id for g in r.gpus + r.target):
-                await self._requeue(r, f"node {node_id} lost")
-
-    async def _requeue(self, r: JobRecord, why: str) -> None:
-        """Stop the job's attempt wherever it runs and let it wait for the next plan (it resumes from its
-        last checkpoint); its GPUs come back as its executors release them."""
-        await self._forget_later(r)
-        await self._deallocate(r, [g for g in r.gpus + r.target if g[0] in self.nodes])
-        await self._update(r.job_id, lambda c: None if c.terminal else replace(
-            c, state=st.WAITING, gpus=(), target=(), world_size=0, attempt=c.attempt + 1,
-            message=f"{why}; resumes from its last checkpoint"))
-        self.poke()
-
-    async def _forget_later(self, r: JobRecord) -> None:
-        """Drop the allocations the job's move still waited to put (`joining`): no executor got them, so
-        the planner itself gives up the GPUs it claimed there."""
-        if r.joining:
-            await self._release(r.job_id, [g for g in r.target if g[0] in r.joining])
-            await self._update(r.job_id, lambda c: replace(c, joining=(), releasing=()) if c.joining else None)
-
-    async def _follow_node(self, node_id: str) -> None:
-        from omru.v1 import executor_pb2
-        from services.planner import convert
-
-        backoff = 0.2
-        while node_id in self.nodes:
-            try:
-                stub = self._executor(node_id)
-                jobs = await stub.GetJobs(executor_pb2.GetJobsRequest(), timeout=5)
-                gen, seq = await self.state.cursor(node_id)
-                if jobs.last_seq < seq:  # the executor restarted: its log begins again
-                    gen, seq = gen + 1, 0
-                    await self.state.set_cursor(node_id, gen, 0)
-                call = stub.WatchEvents(executor_pb2.WatchEventsRequest(after_seq=seq))
-                # a trial's events go to the trials (not stored, not the jobs' bookkeeping)
-                async for batch in _batches(call, lambda e: None if self.trials.take(e) else convert.event(e)):
-                    backoff = 0.2
-                    # acted on before they are stored with the cursor: events whose handling failed (etcd
-                    # away) come again when the stream reopens (handling one twice changes nothing)
-                    await self._on_events(batch)
-                    await self.state.add_events(gen, batch)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._broken("executor_watch_broken", exc, node_id=node_id)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-
-    # executor events --------------------------------------------------------------
-
-    def _job_lock(self, job_id: str) -> asyncio.Lock:
-        """Held while a directive of the job is written and while one of its events is handled: an
-        executor acts on a write within milliseconds, and its events (the old attempt stopping where a
-        move dropped it) must be judged against the record that write stored, not the one before it."""
-        return self._job_locks.setdefault(job_id, asyncio.Lock())
-
-    async def _on_events(self, events: Sequence[Event]) -> None:
-        """A node's events in order, each job's run of epoch_done events in one record write (a stream
-        that fell behind catches up in fewer writes), and a job's end with the GPUs its attempt released
-        on this node right after it (in the same batch) in one transaction."""
-        epochs: dict[str, list[Event]] = {}
-        for i, e in enumerate(events):
-            if e.kind == ev.EPOCH_DONE:
-                epochs.setdefault(e.job_id, []).append(e)
-                continue
-            async with self._job_lock(e.job_id):
-                if e.job_id in epochs:
-                    await self._on_epochs(epochs.pop(e.job_id))
-                released = [g for x in events[i + 1:] if x.kind == ev.GPUS_RELEASED and x.job_id == e.job_id
-                            and x.attempt_id == e.attempt_id for g in x.gpus if g[0] == e.node_id] \
-                    if e.kind == ev.FINISHED else ()
-                await self._on_event(e, released)
-        for job_id, run in epochs.items():
-            async with self._job_lock(job_id):
-                await self._on_epochs(run)
-
-    async def _record_for(self, e: Event) -> JobRecord | None:
-        """The job's record as `e` must be judged against: the one in memory, or the stored one when `e`
-        comes from a newer attempt (its executor answered the planner's write before the write's reply
-        came back: a refusal takes milliseconds)."""
-        r = self.records.get(e.job_id)
-        if r is not None and r.attempt_of(e.attempt_id) > r.attempt:
-            r = self._stored(await self.state.job(e.job_id)) or r
-        return r
-
-    async def _on_epochs(self, events: Sequence[Event]) -> None:
-        """epoch_done events of one job, in order."""
-        r = await self._record_for(events[-1])
-        if r is None:
-            return
-        attempt = r.attempt_id
-        for e in events:
-            if e.attempt_id == attempt and r.sent_s and attempt not in self._measured:
-                self._measured.add(attempt)  # the first epoch of this attempt
-                self.overheads.append(max(0.0, (e.time_s - r.sent_s) * self.time_scale - e.epoch_seconds))
-
-        def where(e: Event) -> tuple[int, int] | None:  # (GPUs, nodes) the epoch ran on, when known
-            held = r.gpus if e.attempt_id == attempt else ()
-            return (e.world_size, len({g[0] for g in held})) if e.world_size == len(held) else None
-
-        def change(c: JobRecord) -> JobRecord:
-            for e in events:
-                key = where(e)
-                c = replace(c, epochs_done=max(c.epochs_done, e.epoch),
-                            accuracy=e.accuracy if e.epoch >= c.epochs_done else c.accuracy,
-                            observed=observe(c.observed, key, e.epoch_seconds)
-                            if key and e.epoch_seconds > 0 else c.observed,
-                            progress_s=e.time_s if e.attempt_id == attempt else c.progress_s)
-            return c
-
-        r = await self._update(r.job_id, change)
-        if r is None:
-            return
-        if self._due(r):
-            self._follow_soon()
-        for key in dict.fromkeys(filter(None, map(where, events))):
-            if self._departs(r, key):
-                log.info("replan_on_deviation", job_id=r.job_id, gpus=key[0], nodes=key[1],
-                         observed_s=round(r.observed[key][0], 3),
-                         planned_s=round(self._timing[r.job_id].epoch_seconds(*key), 3))
-                self.poke()
-
-    async def _on_event(self, e: Event, released: Sequence[Gpu] = ()) -> None:
-        """One event; `released`: for a FINISHED event, GPUs its attempt released on its node after it."""
-        if e.kind == ev.EPOCH_DONE:
-            return await self._on_epochs([e])
-        r = await self._record_for(e)
-        if r is None:
-            return
-        current = e.attempt_id == r.attempt_id
-        if e.kind == ev.STARTED and current and not r.terminal:
-            self._refusals.pop(r.job_id, None)
-            await self._update(r.job_id, lambda c: replace(c, state=st.RUNNING, gpus=c.target, world_size=len(c.target),
-                                                           progress_s=e.time_s)
-                               if c.attempt_id == e.attempt_id and not c.terminal else None)
-            self._follow_soon()
-        elif e.kind == ev.FINISHED:
-            if not r.terminal:  # its allocations go (an executor that restarts must not run it again), and
-                # the claims on what it released here already, in the transaction that stores it finished
-                await self._forget_later(r)
-                r = self.records[r.job_id]
-                await self._write(r.job_id, record=replace(r, state=st.FINISHED, epochs_done=r.epochs,
-                                                           finished_s=e.time_s, message=""),
-                                  drop=list(dict.fromkeys(g[0] for g in r.gpus + r.target)),
-                                  release=[g for g in released if self.owner.get(g) == r.job_id])
-                if self._ended_early(r.job_id):
-                    self.poke()
-            self._follow_soon()
-        elif e.kind == ev.GPUS_RELEASED and current and not r.terminal and is_self_stop(e.message):
-            # the node ended the attempt it was allocated on its own (its lease lapsed, it shut down)
-            await self._release(r.job_id, [g for g in e.gpus if g[0] == e.node_id])
-            await self._requeue(r, f"{e.node_id}: {e.message}")
-        elif e.kind == ev.GPUS_RELEASED:
-            # an older attempt's release leaves the GPUs the current one moved onto; the current attempt's
-            # own (a node without rank 0 ends before rank 0's node reports FINISHED) leaves nothing
-            keep = set() if r.terminal or current else set(r.target)
-            await self._release(r.job_id, [g for g in e.gpus if g[0] == e.node_id and g not in keep])
-            if r.joining and not current:  # the old attempt released these: are they all it held?
-                await self._join(r, e.gpus)
-            self._follow_soon()
-        elif e.kind == ev.FAILED and current and not r.terminal and is_refusal(e.message) and (
-                self._refused(r.job_id) < MAX_REFUSALS):
-            await self._requeue(r, f"{e.node_id} refused it ({e.message})")
-        elif e.kind == ev.FAILED and current and not r.terminal:
-            await self._forget_later(r)
-            await self._deallocate(r, r.gpus + r.target)
-            await self._update(r.job_id, lambda c: None if c.terminal or c.attempt_id != e.attempt_id else replace(
-                c, state=st.FAILED, finished_s=e.time_s, message=f"failed on {e.node_id}: {e.message}" if e.message else f"failed on {e.node_id}"))
-            self.poke()
-
-    def _refused(self, job_id: str) -> int:
-        """Count one more refusal of the job's directives in a row; the count."""
-        self._refusals[job_id] = self._refusals.get(job_id, 0) + 1
-        return self._refusals[job_id]
-
-    async def _write(self, job_id: str, **change) -> bool:
-        """One desired-state transaction for the job (PlannerState.change); False when a GPU to claim is
-        taken or a node's lease is gone (nothing was written)."""
-        from services.common.etcd import LeaseNotFound
-
-        try:
-            result = await self.state.change(job_id, **change)
-        except LeaseNotFound as exc:
-            log.info("allocation_refused", job_id=job_id, error=str(exc)[:200])
-            return False
-        except st.IllegalMove as exc:
-            log.error("illegal_move", job_id=job_id, error=str(exc))
-            return False
-        if not result.succeeded:
-            log.info("claim_refused", job_id=job_id, held=[kv.key for kv in result.existing][:4])
-            return False
-        for g in change.get("claim", ()):
-            self.owner[g] = job_id
-        for g in change.get("release", ()):
-            self.owner.pop(g, None)
-        if change.get("release"):
-            self.trials.freed()
-        if change.get("record") is not None:
-            self._stored(replace(change["record"], revision=result.revision))
-        return True
-
-    async def _release(self, job_id: str, gpus: Sequence[Gpu]) -> None:
-        """Give up the job's claims on these GPUs (its executor released them)."""
-        mine = [g for g in gpus if self.owner.get(g) == job_id]
-        if mine:
-            await self._write(job_id, release=mine)
-
-    async def _deallocate(self, r: JobRecord, gpus: Sequence[Gpu]) -> None:
-        """Remove the job's allocation of the nodes of these GPUs (their executors stop it)."""
-        nodes = list(dict.fromkeys(g[0] for g in gpus))
-        if nodes:
-            await self._write(r.job_id, drop=nodes)
 
     # planning ------------------------------------------------------------------------
 
@@ -907,80 +622,6 @@ class Dispatcher:
             self._profiling.discard(r.job_id)
             self.poke()
 
-    # dispatching ------------------------------------------------------------------
-
-    def _acted(self, job_id: str, t: asyncio.Task) -> None:
-        """A move's write ended (`_follow` started it): a failed one is tried again at a later pass."""
-        if self._acting.get(job_id) is t:
-            del self._acting[job_id]
-        if not t.cancelled() and t.exception() is not None:
-            self._broken("move_failed", t.exception(), job_id=job_id)
-            asyncio.get_running_loop().call_later(0.5, self._follow_soon)
-
-    async def moved(self) -> None:
-        """Wait for the moves being written (tests)."""
-        while self._acting:
-            await asyncio.gather(*self._acting.values(), return_exceptions=True)
-
-    async def _act(self, a: Move) -> None:
-        async with self._job_lock(a.job_id):
-            await self._act_on(a)
-
-    async def _act_on(self, a: Move) -> None:
-        r = self.records.get(a.job_id)
-        if r is None or r.terminal:
-            return
-        gained = [g for g in a.gpus if self.owner.get(g) != r.job_id]
-        if any(g in self.owner for g in gained):
-            return  # its last holder has not released it yet: that event brings the next pass
-        old_nodes, new_nodes = list(dict.fromkeys(g[0] for g in r.gpus)), list(dict.fromkeys(g[0] for g in a.gpus))
-        # A resize moves at the old attempt's next epoch boundary, which only the nodes it runs on know.
-        # Nodes that join get their allocation once the old attempt released its GPUs everywhere (`_join`):
-        # sooner, their ranks would wait for the others for up to an epoch (past the rendezvous timeout),
-        # or, when no old node stays, train an epoch the old attempt is still training.
-        releasing = tuple(g for g in r.gpus if self.owner.get(g) == r.job_id)  # by the old attempt, not yet
-        joining = tuple(n for n in new_nodes if n not in old_nodes) if a.kind == "resize" and releasing else ()
-        new = replace(r, state=st.STARTING if a.kind == "start" else st.RESIZING, target=a.gpus,
-                      attempt=r.attempt + 1, sent_s=time.time(), message="", joining=joining,
-                      releasing=releasing if joining else ())
-        value = await self._directive(new, a.kind)
-        ok = await self._write(r.job_id, record=new, claim={g: self.nodes[g[0]].lease_id for g in gained},
-                               put={n: (value, self.nodes[n].lease_id) for n in new_nodes if n not in joining},
-                               drop=[n for n in old_nodes if n not in new_nodes])
-        if not ok:  # a GPU is someone else's (a profiling trial) or a node left: try again soon
-            asyncio.get_running_loop().call_later(CLAIM_RETRY_S, self._follow_soon)
-            return
-        log.info("dispatch", job_id=r.job_id, kind=a.kind, gpus=a.gpus, attempt=new.attempt_id)
-
-    async def _join(self, r: JobRecord, released: Sequence[Gpu]) -> None:
-        """The old attempt of a job that moves released these GPUs; once it released them all, the nodes the
-        move joins get their allocations (first, then the record says so: a write that fails, as one
-        lost with a planner that failed, is done again when the event comes again or at the next release)."""
-        r = await self._update(r.job_id, lambda c: replace(c, releasing=tuple(g for g in c.releasing if g not in released))
-                               if c.joining and c.attempt == r.attempt else None)
-        if r is None or not r.joining or r.releasing or r.terminal:
-            return
-        value = await self._directive(r, "resize")
-        if await self._write(r.job_id, put={n: (value, self.nodes[n].lease_id) for n in r.joining if n in self.nodes}):
-            await self._update(r.job_id, lambda c: replace(c, joining=()) if c.attempt == r.attempt else None)
-
-    async def _directive(self, r: JobRecord, kind: str) -> bytes:
-        """The allocation of the job's attempt on `target` (every node of it gets the same)."""
-        from omru.v1 import executor_pb2
-        from services.planner import convert
-
-        # rank 0 binds a port its host has free and publishes it in the shared checkpoint folder (port 0)
-        host = self.nodes[r.target[0][0]].address.rpartition(":")[0]
-        d = convert.directive(executor_pb2.DIRECTIVE_KIND_START, r, r.target, f"{host}:0",
-                              await self._checkpoint_dir(r.job_id), f"{r.attempt_id}-{kind}")
-        return d.SerializeToString(deterministic=True)
-
-    async def _checkpoint_dir(self, job_id: str) -> str:
-        """<root>/<batch>/<job>: the batch is its origin in ms, so a later batch never resumes an old checkpoint."""
-        if self._origin is None:  # (stored once, never changed: read once)
-            self._origin = await self.state.origin()
-        return f"{self.checkpoint_root}/batch-{int((self._origin or 0) * 1000)}/{job_id}"
-
 
 def _child(background: bool) -> None:
     """A planning child process: it dies with the planner; a background one yields the CPU to others."""
@@ -991,41 +632,6 @@ def _child(background: bool) -> None:
         os.nice(10)
 
 
-async def _batches(call, convert_event):
-    """The events of an executor's WatchEvents stream in batches: each batch all that arrived while the
-    last one was handled (one event when the planner keeps up; at most EVENT_BATCH). The stream's error
-    comes after the events read before it."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def read() -> None:
-        try:
-            async for reply in call:
-                e = convert_event(reply.event)
-                if e is not None:
-                    queue.put_nowait(e)
-        except Exception as exc:  # (the reader's end is the batches' end: None or the error, queued last)
-            queue.put_nowait(exc)
-        else:
-            queue.put_nowait(None)
-
-    reader = asyncio.ensure_future(read())
-    try:
-        while True:
-            batch = [await queue.get()]
-            while not queue.empty() and len(batch) < EVENT_BATCH:
-                batch.append(queue.get_nowait())
-            end = batch[-1]
-            if end is not None and not isinstance(end, Exception):
-                yield batch
-                continue
-            if batch[:-1]:
-                yield batch[:-1]
-            if end is None:
-                return
-            raise end
-    finally:
-        reader.cancel()
-        call.cancel()
 
 
 def default_policy() -> str:

@@ -218,7 +218,7 @@ async def test_a_batch_of_a_nodes_events_writes_each_jobs_epochs_once_and_stores
 
 
 async def test_event_batches_take_what_arrived_and_end_with_the_streams_error():
-    from services.planner.dispatcher import _batches
+    from services.planner.ingest import _batches
 
     class Call:
         def __init__(self, replies, error=None):
