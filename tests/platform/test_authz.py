@@ -116,34 +116,59 @@ async def outcome(channel, rpc: str, request) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
+@pytest.fixture(scope="module")
+def node_certs(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("certs") / "ours"
+    subprocess.run(["bash", str(ROOT / "deploy" / "make-certs.sh"), str(out), "127.0.0.1"], check=True,
+                   capture_output=True, env={"OMRU_NODES": "n1 n2 n-exec", "PATH": "/usr/bin:/bin"})
+    return out
+
+
+def _tls(certs: Path, name: str) -> cfg.TlsConfig:
+    return cfg.TlsConfig(certs / f"{name}.pem", certs / f"{name}-key.pem", certs / "ca.pem")
+
+
 def server_config(**kw) -> cfg.ServerConfig:
     return cfg.ServerConfig(port=0, tokens=TABLE, **kw)
 
 
-@pytest.fixture
-async def servers(etcd, tmp_path):
-    """Registry, profiler, planner and one executor (node n-exec), each with the tokens table and its own token."""
+#: Under mutual TLS: caller kind -> (its certificate, its token); services and nodes are their certificates.
+MTLS_CALLERS = {"none": ("client", None), "user": ("client", "tok-alice"), "other user": ("client", "tok-bob"),
+                "admin": ("client", "tok-root"), "planner": ("planner", None), "profiler": ("profiler", None),
+                "this node": ("executor-n1", None), "another node": ("executor-n2", None)}
+
+
+@pytest.fixture(params=["tokens", "mutual TLS"])
+async def servers(request, etcd, tmp_path, node_certs):
+    """Registry, profiler, planner and one executor (node n-exec): with "tokens", each with the tokens table and
+    its own token; with "mutual TLS", each with its own certificate and the users' tokens. (mode, servers)"""
     from services.executor import server as executor
     from services.planner import server as planner
     from services.profiler import server as profiler
     from services.registry import server as registry
 
+    def server(name: str, cert: str) -> cfg.ServerConfig:
+        if request.param == "tokens":
+            return server_config(service_token=f"tok-{name}")
+        users = {t: p for t, p in TABLE.items() if p.kind in authz.USERS}
+        return cfg.ServerConfig(port=0, tokens=users, tls=_tls(node_certs, cert))
+
     etcd_config = cfg.EtcdConfig(endpoint=etcd.endpoint)
     started = []
     try:
-        started.append(await registry.start(cfg.RegistryConfig(server=server_config(service_token="tok-registry"),
-                                                               etcd=etcd_config)))
+        started.append(await registry.start(cfg.RegistryConfig(server=server("registry", "registry"), etcd=etcd_config)))
         reg = started[0].address
-        started.append(await profiler.start(cfg.ProfilerConfig(server=server_config(service_token="tok-profiler"),
-                                                               etcd=etcd_config, registry=reg)))
+        started.append(await profiler.start(cfg.ProfilerConfig(server=server("profiler", "profiler"), etcd=etcd_config,
+                                                               registry=reg)))
         started.append(await planner.start(cfg.PlannerConfig(
-            server=server_config(service_token="tok-planner"), etcd=etcd_config, registry=reg,
-            profiler=started[1].address, checkpoint_root=str(tmp_path / "ckpt"))))
+            server=server("planner", "planner"), etcd=etcd_config, registry=reg, profiler=started[1].address,
+            checkpoint_root=str(tmp_path / "ckpt"))))
         running, _ = await executor.start(cfg.ExecutorConfig(
-            node_id="n-exec", server=server_config(service_token="tok-exec"), registry=reg, slots=1, ttl_seconds=10,
+            node_id="n-exec", server=server("exec", "executor-n-exec"), registry=reg, slots=1, ttl_seconds=10,
             work_dir=tmp_path / "node", warm_workers=False, checkpoint_root=tmp_path / "ckpt"))
         started.append(running)
-        yield dict(zip(("RegistryService", "ProfilerService", "PlannerService", "ExecutorService"), started))
+        yield request.param, dict(zip(("RegistryService", "ProfilerService", "PlannerService", "ExecutorService"),
+                                      started))
     finally:
         for s in reversed(started):
             await s.stop(0)
@@ -159,10 +184,18 @@ async def test_every_rpc_of_every_service_has_a_row_in_the_table_and_in_this_tes
     assert {f"omru.v1.{rpc}" for rpc in EXPECTED if rpc.startswith(("Registry", "Executor", "Planner", "Profiler"))} == rpcs
 
 
-async def test_the_table_row_by_row_for_every_caller_kind_against_real_servers(servers):
+async def test_the_table_row_by_row_for_every_caller_kind_against_real_servers(servers, node_certs):
+    """With tokens (as under `omru up`) and under mutual TLS (as deployed), the same expected table."""
+    mode, servers = servers
     requests = _requests()
-    channels = {caller: {name: open_channel(s.address, token=TOKENS.get(caller)) for name, s in servers.items()}
-                for caller in CALLERS}
+
+    def channel(caller: str, address: str) -> grpc.aio.Channel:
+        if mode == "tokens":
+            return open_channel(address, token=TOKENS.get(caller))
+        cert, token = MTLS_CALLERS[caller]
+        return open_channel(address, token=token, tls=_tls(node_certs, cert))
+
+    channels = {caller: {name: channel(caller, s.address) for name, s in servers.items()} for caller in CALLERS}
     try:
         got, wanted = {}, {}
         for rpc, row in EXPECTED.items():
@@ -180,7 +213,9 @@ async def test_the_table_row_by_row_for_every_caller_kind_against_real_servers(s
                 await channel.close()
 
 
+@pytest.mark.parametrize("servers", ["tokens"], indirect=True)
 async def test_a_refusal_names_the_method_and_the_principal(servers):
+    _, servers = servers
     async with open_channel(servers["RegistryService"].address, token="tok-n2") as channel:
         stub = registry_pb2_grpc.RegistryServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as denied:
@@ -258,18 +293,6 @@ async def test_a_job_stored_without_an_owner_still_reads_and_only_an_admin_cance
     assert not authz.may_act_on(Principal(authz.USER, "alice"), read.owner)
     assert authz.may_act_on(Principal(authz.ADMIN, "root"), read.owner)
     assert authz.may_act_on(authz.OPEN, read.owner)  # no auth: as before
-
-
-@pytest.fixture(scope="module")
-def node_certs(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("certs") / "ours"
-    subprocess.run(["bash", str(ROOT / "deploy" / "make-certs.sh"), str(out), "127.0.0.1"], check=True,
-                   capture_output=True, env={"OMRU_NODES": "n1 n2", "PATH": "/usr/bin:/bin"})
-    return out
-
-
-def _tls(certs: Path, name: str) -> cfg.TlsConfig:
-    return cfg.TlsConfig(certs / f"{name}.pem", certs / f"{name}-key.pem", certs / "ca.pem")
 
 
 async def test_under_mutual_tls_a_node_certificate_acts_only_as_its_node(etcd, node_certs):
