@@ -533,7 +533,11 @@ class LocalCluster:
         if self.users:  # each service sends its own token; every one accepts the run's tokens file
             extra[SERVICE_TOKEN_ENV] = self.service_tokens[name]
             auth = ("--auth-tokens", str(self.work_dir / TOKENS_FILE))
-        s = ServiceProcess(name, service_argv(module, "--host", self.host, *metrics, *auth, *args), child_env(extra), log)
+        env = child_env(extra)
+        if not self.users:  # no auth asked for: tokens in our own environment must not turn it on in part
+            for variable in ("OMRU_AUTH_TOKEN", SERVICE_TOKEN_ENV):
+                env.pop(variable, None)
+        s = ServiceProcess(name, service_argv(module, "--host", self.host, *metrics, *auth, *args), env, log)
         self.services.append(s)
         return s.spawn()
 

@@ -453,3 +453,20 @@ async def test_omru_up_gives_each_service_and_node_its_own_token_and_users_their
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_a_local_cluster_without_auth_stays_open_whatever_token_the_environment_holds(tmp_path, monkeypatch):
+    """`omru demo` and `omru emulate` start a LocalCluster without auth: a token exported in the shell must
+    not make its services require one from clients and nodes that send none."""
+    from services.common.cluster import LocalCluster
+
+    monkeypatch.setenv("OMRU_AUTH_TOKEN", "tok-stray")
+    cluster = LocalCluster(nodes=0, planner_port=0, work_dir=tmp_path / "up", metrics=False)
+    await asyncio.to_thread(cluster.start)
+    try:
+        async with open_channel(cluster.service("registry").address) as channel:
+            stub = registry_pb2_grpc.RegistryServiceStub(channel)
+            await stub.RegisterNode(register_request("n-any"), timeout=5)
+            assert [n.node_id for n in (await stub.ListNodes(registry_pb2.ListNodesRequest(), timeout=5)).nodes] == ["n-any"]
+    finally:
+        await asyncio.to_thread(cluster.stop)
