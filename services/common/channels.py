@@ -82,6 +82,13 @@ class _StreamDefaults(_Defaults, grpc.aio.UnaryStreamClientInterceptor):
         return await continuation(self._details(client_call_details, False), request)
 
 
+class _BidiDefaults(_Defaults, grpc.aio.StreamStreamClientInterceptor):
+    """(Server reflection's one call: it needs the token too.)"""
+
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return await continuation(self._details(client_call_details, False), request_iterator)
+
+
 def channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
     """Client credentials: the CA to verify the server (None: system roots), the own certificate if any."""
     def read(path: Path | None) -> bytes | None:
@@ -114,7 +121,8 @@ def open_channel(
         ("grpc.max_reconnect_backoff_ms", 1000),
         *options,
     ]
-    interceptors = [_UnaryDefaults(token, deadline), _StreamDefaults(token, deadline), *interceptors]
+    interceptors = [_UnaryDefaults(token, deadline), _StreamDefaults(token, deadline), _BidiDefaults(token, deadline),
+                    *interceptors]
     if tls is not None:
         return grpc.aio.secure_channel(target, channel_credentials(tls), options=options, interceptors=interceptors)
     return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)

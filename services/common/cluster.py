@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import select
 import selectors
 import shutil
@@ -52,6 +53,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 ETCD_MAX_TXN_OPS = 4096
 #: Environment flag: a service child asks the kernel for SIGTERM when its parent dies.
 DIE_WITH_PARENT_ENV = "OMRU_DIE_WITH_PARENT"
+#: Environment variable with the token a service sends as itself (services/common/config.py's).
+SERVICE_TOKEN_ENV = "OMRU_SERVICE_TOKEN"
 
 
 def die_with_parent() -> None:
@@ -445,6 +448,28 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+#: The run's tokens file under the work dir (`LocalCluster` with auth).
+TOKENS_FILE = "auth-tokens"
+
+
+def user_tokens(path: Path | None, admin_token: str | None) -> dict:
+    """token -> user principal: the users of the tokens file at path, and admin_token as user 'admin'
+    (ConfigError when the file gives that token to no admin, or names a service)."""
+    from services.common import authz
+    from services.common.config import ConfigError
+
+    users = authz.read_tokens(path) if path is not None else {}
+    for p in users.values():
+        if p.kind not in authz.USERS:
+            raise ConfigError(f"auth tokens file {str(path)!r} names a {p.kind} ({p.name!r}): under omru up, services "
+                              "get tokens of their own; the file lists users (admin, user)")
+    if admin_token:
+        known = users.setdefault(admin_token, authz.Principal(authz.ADMIN, authz.LEGACY_ADMIN))
+        if known.kind != authz.ADMIN:
+            raise ConfigError(f"$OMRU_AUTH_TOKEN is {known} in {str(path)!r}: under omru up it must be an admin's token")
+    return users
+
+
 class LocalCluster:
     """etcd + registry + profiler + planner + N executors on this machine (a context manager)."""
 
@@ -465,9 +490,12 @@ class LocalCluster:
         planner_args: Sequence[str] = (),
         checkpoint_root: Path | None = None,
         metrics: bool = False,
+        auth_tokens: Path | None = None,
     ) -> None:
         if nodes < 0:
             raise ValueError(f"nodes {nodes} is negative")
+        if auth_token is not None and (not auth_token or any(c.isspace() for c in auth_token)):
+            raise ValueError("auth token is empty or contains whitespace")
         if slots_per_node < 1:
             raise ValueError(f"slots_per_node {slots_per_node} is below 1")
         if not 0 <= planner_port <= 65535:
@@ -478,7 +506,9 @@ class LocalCluster:
         self.etcd_endpoint = etcd_endpoint
         self.host = host
         self.ttl = ttl_seconds
-        self.auth_token = auth_token
+        self.auth_token = auth_token  # an admin user's token ($OMRU_AUTH_TOKEN)
+        self.users = user_tokens(auth_tokens, auth_token)  # token -> user principal (--auth-tokens)
+        self.service_tokens: dict[str, str] = {}  # service name -> its token for this run (with auth)
         self.ready_timeout = ready_timeout
         self.log_to_files = log_to_files
         self.warm_workers = warm_workers  # executors keep a worker with torch imported per slot
@@ -499,13 +529,23 @@ class LocalCluster:
         if self.die_with_parent:
             extra[DIE_WITH_PARENT_ENV] = "1"
         metrics = ("--metrics-port", "0") if self.metrics else ()
-        s = ServiceProcess(name, service_argv(module, "--host", self.host, *metrics, *args), child_env(extra), log)
+        auth: tuple[str, ...] = ()
+        if self.users:  # each service sends its own token; every one accepts the run's tokens file
+            extra[SERVICE_TOKEN_ENV] = self.service_tokens[name]
+            auth = ("--auth-tokens", str(self.work_dir / TOKENS_FILE))
+        env = child_env(extra)
+        if not self.users:  # no auth asked for: tokens in our own environment must not turn it on in part
+            for variable in ("OMRU_AUTH_TOKEN", SERVICE_TOKEN_ENV):
+                env.pop(variable, None)
+        s = ServiceProcess(name, service_argv(module, "--host", self.host, *metrics, *auth, *args), env, log)
         self.services.append(s)
         return s.spawn()
 
     def start(self) -> "LocalCluster":
         began = time.monotonic()
         (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if self.users:
+            self._write_tokens()
         try:
             if self.etcd_endpoint is None:
                 log = self.work_dir / "logs" / "etcd.log" if self.log_to_files else None
@@ -535,6 +575,21 @@ class LocalCluster:
             raise
         self.seconds_to_ready = time.monotonic() - began
         return self
+
+    def _write_tokens(self) -> None:
+        """The run's tokens file (mode 600): the users', and a fresh token per service and node."""
+        from services.common import authz
+
+        names = {"registry": authz.REGISTRY, "profiler": authz.PROFILER, "planner": authz.PLANNER,
+                 **{f"executor-{i}": authz.NODE for i in range(self.nodes)}}
+        self.service_tokens = {name: secrets.token_hex(32) for name in names}
+        table = dict(self.users)
+        for name, kind in names.items():
+            table[self.service_tokens[name]] = authz.Principal(kind, name.replace("executor-", "node-"))
+        path = self.work_dir / TOKENS_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(authz.format_tokens(table))
 
     def service(self, name: str) -> ServiceProcess:
         return next(s for s in self.services if s.name == name)

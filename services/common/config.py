@@ -14,10 +14,12 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
-#: Environment variable holding the bearer token (read by entry points only).
+#: Environment variable holding the bearer token (read by entry points only): an admin user's.
 TOKEN_ENV = "OMRU_AUTH_TOKEN"
+#: Environment variable holding the token a service sends as itself (`omru up` sets it per service).
+SERVICE_TOKEN_ENV = "OMRU_SERVICE_TOKEN"
 #: Environment variable listing, colon-separated, the folders a node's data sets may come from.
 DATA_ROOTS_ENV = "OMRU_DATA_ROOTS"
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -102,9 +104,11 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0
     tls: TlsConfig | None = None
-    auth_token: str | None = None
+    auth_token: str | None = None  # the single legacy token: an admin user's; sent unless service_token
     grace_seconds: float = 2.0
     metrics_port: int | None = None  # Prometheus /metrics on this port of host (0: any free port; None: off)
+    tokens: Mapping[str, Any] = field(default_factory=dict)  # token -> authz.Principal (--auth-tokens)
+    service_token: str | None = None  # the token this service sends as itself on its calls
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -115,10 +119,17 @@ class ServerConfig:
             raise ConfigError(f"--metrics-port {self.metrics_port!r} is not in 0..65535")
         if self.tls is not None and self.tls.cert_file is None:
             raise ConfigError("server tls needs a certificate and key (--tls-cert, --tls-key)")
-        if self.auth_token is not None and (not self.auth_token or any(c.isspace() for c in self.auth_token)):
-            raise ConfigError("auth token is empty or contains whitespace")
+        for name in ("auth_token", "service_token"):
+            value = getattr(self, name)
+            if value is not None and (not value or any(c.isspace() for c in value)):
+                raise ConfigError(f"{name.replace('_', ' ')} is empty or contains whitespace")
         if self.grace_seconds < 0:
             raise ConfigError(f"grace_seconds {self.grace_seconds!r} is negative")
+
+    @property
+    def call_token(self) -> str | None:
+        """The bearer token this service sends on its own calls: its own, else the legacy one."""
+        return self.service_token or self.auth_token
 
     @property
     def client_tls(self) -> TlsConfig | None:
@@ -247,8 +258,14 @@ def add_server_args(parser: argparse.ArgumentParser, default_port: int = 0) -> N
     parser.add_argument(
         "--auth-token-file",
         type=Path,
-        help=f"file holding the bearer token clients must send (else ${TOKEN_ENV}, else no auth)",
+        help=f"file holding a bearer token accepted as an admin user's, and sent on this service's calls "
+             f"unless it has its own (else ${TOKEN_ENV})",
     )
+    parser.add_argument("--auth-tokens", type=Path,
+                        help="file of the accepted bearer tokens, a line 'token name role' each (role: admin, user, "
+                             "or planner, registry, profiler, node for services; a node's name is its node id)")
+    parser.add_argument("--service-token-file", type=Path,
+                        help=f"file holding the token this service sends as itself (else ${SERVICE_TOKEN_ENV})")
 
 
 def add_tls_args(parser: argparse.ArgumentParser, cert_use: str, ca_use: str) -> None:
@@ -279,22 +296,27 @@ def tls_config(cert: Path | None, key: Path | None, ca: Path | None, flags: str 
     return TlsConfig(cert, key, ca)
 
 
-def read_token(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
-    """The bearer token: --auth-token-file, else $OMRU_AUTH_TOKEN, else None."""
-    path = getattr(args, "auth_token_file", None)
+def read_token(args: argparse.Namespace, env: Mapping[str, str], option: str = "auth_token_file",
+               variable: str = TOKEN_ENV) -> str | None:
+    """The bearer token: --auth-token-file, else $OMRU_AUTH_TOKEN, else None (or another option and variable)."""
+    path = getattr(args, option, None)
     if path is not None:
         try:
             return Path(path).read_text().strip()
         except OSError as exc:
-            raise ConfigError(f"auth token file {str(path)!r} cannot be read: {exc.strerror}") from exc
-    return env.get(TOKEN_ENV) or None
+            raise ConfigError(f"{option.replace('_', ' ')} {str(path)!r} cannot be read: {exc.strerror}") from exc
+    return env.get(variable) or None
 
 
 def server_config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> ServerConfig:
     """ServerConfig from add_server_args options and the environment."""
+    from services.common.authz import read_tokens
+
     tls = tls_config(args.tls_cert, args.tls_key, args.tls_ca)
+    tokens = read_tokens(args.auth_tokens) if getattr(args, "auth_tokens", None) is not None else {}
     return ServerConfig(host=args.host, port=args.port, tls=tls, auth_token=read_token(args, env),
-                        metrics_port=getattr(args, "metrics_port", None))
+                        metrics_port=getattr(args, "metrics_port", None), tokens=tokens,
+                        service_token=read_token(args, env, "service_token_file", SERVICE_TOKEN_ENV))
 
 
 def etcd_config_from_args(args: argparse.Namespace) -> EtcdConfig:

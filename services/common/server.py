@@ -12,7 +12,6 @@ NOT_SERVING first, then a grace period).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import os
 import signal
@@ -24,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common import authz
 from services.common.config import ServerConfig
 from services.common.logging import get_logger
 
@@ -31,8 +31,6 @@ log = get_logger(__name__)
 
 #: Seconds the stop hooks (closing clients, dispatchers) may take beyond the grace period.
 STOP_HOOKS_S = 10.0
-#: Methods reachable without a token (load balancers and probes).
-PUBLIC_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 
 
 @dataclass(frozen=True)
@@ -47,40 +45,6 @@ class Service:
 def service_name(pb2_module, name: str) -> str:
     """Full name ("omru.v1.RegistryService") of a service in a generated module."""
     return pb2_module.DESCRIPTOR.services_by_name[name].full_name
-
-
-class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    """Rejects calls whose `authorization` metadata is not "Bearer <token>" with UNAUTHENTICATED."""
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(PUBLIC_METHOD_PREFIXES):
-            return handler
-        sent = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
-        if isinstance(sent, str):
-            sent = sent.encode()
-        if hmac.compare_digest(sent, self._expected):
-            return handler
-        return _deny(handler, handler_call_details.method, "missing" if not sent else "wrong")
-
-
-def _deny(handler: grpc.RpcMethodHandler, method: str, what: str) -> grpc.RpcMethodHandler:
-    message = f"{method}: {what} bearer token (send metadata 'authorization: Bearer <token>')"
-
-    async def refuse(request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(handler.request_streaming, handler.response_streaming)]
-    return make(refuse, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
 
 
 @dataclass
@@ -113,7 +77,9 @@ class RunningServer:
 
 async def start_server(config: ServerConfig, services: Sequence[Service]) -> RunningServer:
     """Bind and start a server for the services, with health and reflection."""
-    interceptors = [BearerTokenInterceptor(config.auth_token)] if config.auth_token else []
+    authenticator = authz.Authenticator(config.tokens, config.auth_token)
+    mutual = config.tls is not None and config.tls.ca_file is not None
+    interceptors = [authz.AuthzInterceptor(authenticator)] if authenticator.enforcing or mutual else []
     server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
     names = tuple(s.full_name for s in services)
     for s in services:
@@ -135,7 +101,7 @@ async def start_server(config: ServerConfig, services: Sequence[Service]) -> Run
     for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("server_started", address=f"{config.host}:{port}", services=list(names), tls=config.tls is not None,
-             mutual_tls=config.tls is not None and config.tls.ca_file is not None, auth=bool(config.auth_token))
+             mutual_tls=mutual, auth=authenticator.enforcing)
     return RunningServer(server, config.host, port, health_servicer, names, config.grace_seconds)
 
 

@@ -40,7 +40,7 @@ async def start(config: cfg.ExecutorConfig, servicer=None, runtime=None,
     roots = Roots(str(config.checkpoint_root), tuple(map(str, config.data_roots)))
     tls = config.server.client_tls
     # the node runs what the registry's allocations say: with TLS, only a registry's certificate will do
-    channel = open_channel(config.registry, token=config.server.auth_token, tls=tls,
+    channel = open_channel(config.registry, token=config.server.call_token, tls=tls,
                            server_name=config.registry_identity if tls is not None else "")
     supervisor = None
     if servicer is None:

@@ -36,7 +36,7 @@ async def start(config: cfg.PlannerConfig, servicer=None) -> RunningServer:
         etcd = EtcdStore.from_config(config.etcd)
         await etcd.connect()
         dispatcher = Dispatcher(PlannerState(etcd), config.registry, config.profiler, policy=config.policy,
-                                token=config.server.auth_token, tls=config.server.client_tls,
+                                token=config.server.call_token, tls=config.server.client_tls,
                                 checkpoint_root=config.checkpoint_root, start_overhead_s=config.start_overhead_s,
                                 time_scale=config.time_scale, trial_timeout_s=config.trial_timeout_s)
         servicer = PlannerServicer(dispatcher)

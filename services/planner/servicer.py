@@ -12,6 +12,7 @@ import grpc
 
 from omru.spec import MAX_NAME, shown
 from omru.v1 import common_pb2, planner_pb2, planner_pb2_grpc
+from services.common import authz
 from services.common.aio import wait_event
 from services.common.errors import abort, abort_invalid, abort_not_found, grpc_errors
 from services.executor.worker.spec import SpecError
@@ -90,7 +91,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             profiled.add(p.job_id)
         records: list[JobRecord | None] = []
         seen: dict[str, common_pb2.JobSpec] = {}
-        now = time.time()
+        now, owner = time.time(), authz.owner_of(authz.caller())
         for i, spec in enumerate(request.jobs):
             where = f"jobs[{i}] ({shown(spec.job_id)})"
             try:
@@ -125,7 +126,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
                 records.append(None)
                 continue
             records.append(JobRecord(spec=job.spec.to_dict(), max_gpus=job.max_gpus, profile=dict(job.profile),
-                                     placement=placements.get(spec.job_id, ()), state=st.PENDING, submitted_s=now))
+                                     placement=placements.get(spec.job_id, ()), state=st.PENDING, submitted_s=now,
+                                     owner=owner))
         return problems, records
 
     @grpc_errors
@@ -134,6 +136,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         if problem:
             await abort_invalid(context, *problem)
         await self._leading(context)
+        await _own(context, "CancelJob", await self.dispatcher.state.job(request.job_id), request.job_id)
         r = await self.dispatcher.cancel(request.job_id)
         if r is None:
             await abort_not_found(context, "job_id", request.job_id)
@@ -228,8 +231,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         for name, value in (("attempt", request.attempt), ("rank", rank)):
             if value is not None and value < 0:
                 await abort_invalid(context, name, f"{value} is negative")
-        if await self.dispatcher.state.job(request.job_id) is None:
-            await abort_not_found(context, "job_id", request.job_id)
+        await _own(context, "GetJobLogs", await self.dispatcher.state.job(request.job_id), request.job_id)
         d = self.dispatcher
         chunks = logs.read(d.registry_address, request.job_id, request.attempt, rank, request.follow,
                            context.time_remaining(), token=d.token, tls=d.tls)
@@ -244,6 +246,17 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except logs.NodeFailed as exc:
             await abort(context, grpc.StatusCode.UNAVAILABLE, f"logs could not be read: {exc}")
+
+
+async def _own(context, method: str, record: JobRecord | None, job_id: str) -> None:
+    """NOT_FOUND without the job; PERMISSION_DENIED unless the caller owns it or is an admin."""
+    if record is None:
+        await abort_not_found(context, "job_id", job_id)
+    p = authz.caller()
+    if not authz.may_act_on(p, record.owner):
+        whose = f"belongs to {shown(record.owner)}" if record.owner else "has no recorded owner"
+        await abort(context, grpc.StatusCode.PERMISSION_DENIED,
+                    f"{method}: {p} may not act on job {shown(job_id)}: it {whose} (only its owner or an admin may)")
 
 
 async def _check_ids(context, job_ids) -> None:

@@ -96,6 +96,7 @@ class JobRecord:
     #: finishes the move)
     joining: tuple[str, ...] = ()
     releasing: tuple[Gpu, ...] = ()
+    owner: str = ""  # name of the user who submitted it ("" without auth, or stored by older code)
     revision: int = 0  # etcd mod revision (not stored)
 
     @cached_property  # (read in every pass over the jobs)

@@ -21,7 +21,7 @@ async def start(config: cfg.ProfilerConfig, servicer=None) -> RunningServer:
         etcd = EtcdStore.from_config(config.etcd)
         await etcd.connect()
         # trials run through the leading planner, found by its leader key in etcd
-        trials = PlannerTrials(etcd, config.registry, token=config.server.auth_token, tls=config.server.client_tls)
+        trials = PlannerTrials(etcd, config.registry, token=config.server.call_token, tls=config.server.client_tls)
         servicer = ProfilerServicer(ProfileStore(etcd), trials)
         hooks = [trials.close, etcd.close]
     service = Service(profiler_pb2_grpc.add_ProfilerServiceServicer_to_server, servicer, service_name(profiler_pb2, "ProfilerService"))

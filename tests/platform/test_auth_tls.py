@@ -1,4 +1,5 @@
-"""Optional bearer-token auth (UNAUTHENTICATED without it) and TLS on the server bootstrap."""
+"""Optional bearer-token auth (UNAUTHENTICATED without it) and TLS on the server bootstrap.
+(Who may call which RPC: test_authz.py.)"""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from services.common.channels import open_channel
 
 
 async def test_with_auth_on_calls_without_the_right_token_are_unauthenticated(etcd):
-    server = await start_registry(etcd.endpoint, auth_token="s3cret-token")
+    from services.common.authz import NODE, Principal
+
+    server = await start_registry(etcd.endpoint, auth_token="s3cret-token", tokens={"node-a-token": Principal(NODE, "node-a")})
     anonymous = open_channel(server.address)
     wrong = open_channel(server.address, token="guess")
-    right = open_channel(server.address, token="s3cret-token")
+    right = open_channel(server.address, token="s3cret-token")  # an admin's: reads, but registers no node
+    node = open_channel(server.address, token="node-a-token")
     for channel, what in ((anonymous, "missing"), (wrong, "wrong")):
         stub = registry_pb2_grpc.RegistryServiceStub(channel)
         error = await rpc_error(stub.RegisterNode(register_request("node-a")))
@@ -28,7 +32,7 @@ async def test_with_auth_on_calls_without_the_right_token_are_unauthenticated(et
         assert stream_error.code() == grpc.StatusCode.UNAUTHENTICATED
     stub = registry_pb2_grpc.RegistryServiceStub(right)
     assert not (await stub.ListNodes(registry_pb2.ListNodesRequest())).nodes  # nothing was stored by the refused calls
-    await stub.RegisterNode(register_request("node-a"))
+    await registry_pb2_grpc.RegistryServiceStub(node).RegisterNode(register_request("node-a"))
     assert [n.node_id for n in (await stub.ListNodes(registry_pb2.ListNodesRequest())).nodes] == ["node-a"]
     watch = stub.WatchCluster(registry_pb2.WatchClusterRequest(after_revision=1))  # streams carry the token too
     first = await asyncio.wait_for(watch.read(), 10)
@@ -36,7 +40,7 @@ async def test_with_auth_on_calls_without_the_right_token_are_unauthenticated(et
     watch.cancel()
     health = await health_pb2_grpc.HealthStub(anonymous).Check(health_pb2.HealthCheckRequest(service="omru.v1.RegistryService"))
     assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes need no token
-    for channel in (anonymous, wrong, right):
+    for channel in (anonymous, wrong, right, node):
         await channel.close()
     await server.stop(0)
 

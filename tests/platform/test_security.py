@@ -57,11 +57,12 @@ async def test_with_mutual_tls_only_clients_with_a_certificate_of_the_ca_and_the
     no_token = open_channel(server.address, tls=tls(certs, "client"))
     error = await rpc_error(registry_pb2_grpc.RegistryServiceStub(no_token).ListNodes(registry_pb2.ListNodesRequest()))
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED  # a certificate does not replace the token
-    good = open_channel(server.address, token=TOKEN, tls=tls(certs, "client"))
+    good = open_channel(server.address, token=TOKEN, tls=tls(certs, "client"))  # an admin user
     stub = registry_pb2_grpc.RegistryServiceStub(good)
-    await stub.RegisterNode(register_request("n-good"))
+    node = open_channel(server.address, tls=tls(certs, "executor"))  # a node's certificate names it (no token)
+    await registry_pb2_grpc.RegistryServiceStub(node).RegisterNode(register_request("n-good"))
     assert [n.node_id for n in (await stub.ListNodes(registry_pb2.ListNodesRequest())).nodes] == ["n-good"]
-    for channel in (*refused.values(), no_token, good):
+    for channel in (*refused.values(), no_token, good, node):
         await channel.close()
     await server.stop(0)
 

@@ -31,6 +31,10 @@ def register(subparsers) -> None:
     parser.add_argument("--no-metrics", action="store_true",
                         help="serve no Prometheus metrics (default: every service serves /metrics on a free port "
                              "of 127.0.0.1, named in the ready line's \"metrics\")")
+    parser.add_argument("--auth-tokens", default=None, metavar="FILE",
+                        help="users' bearer tokens, a line 'token name role' each (role admin or user); with it or "
+                             "$OMRU_AUTH_TOKEN (an admin's token) every service requires a token, and each service and "
+                             "node gets its own for this run")
     parser.add_argument("--work-dir", default=None, help="directory for logs, etcd data and checkpoints (default: a temp dir, removed at exit)")
     parser.add_argument("--detach", "-d", action="store_true",
                         help="run the cluster in the background (its own process group, output to up.log beside "
@@ -56,6 +60,17 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"--max-restarts {args.max_restarts} is not in 0..1000")
     if not 1 <= args.ready_timeout <= 3600:
         raise CliError(f"--ready-timeout {args.ready_timeout} is not in 1..3600")
+    if args.auth_tokens is not None:  # a bad file (or $OMRU_AUTH_TOKEN naming no admin) stops us before anything starts
+        import os
+        from pathlib import Path
+
+        from services.common.cluster import user_tokens
+        from services.common.config import ConfigError
+
+        try:
+            user_tokens(Path(args.auth_tokens), os.environ.get("OMRU_AUTH_TOKEN") or None)
+        except ConfigError as exc:
+            raise CliError(str(exc)) from None
     if args.etcd is not None:
         host, sep, port = args.etcd.removeprefix("http://").rpartition(":")
         if not sep or not host or not port.isdigit():
@@ -88,6 +103,8 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
         argv.append("--no-metrics")
     if args.work_dir:
         argv += ["--work-dir", os.path.abspath(args.work_dir)]
+    if args.auth_tokens:
+        argv += ["--auth-tokens", os.path.abspath(args.auth_tokens)]
     return argv
 
 
@@ -218,6 +235,7 @@ def handle(args: argparse.Namespace) -> int:
         die_with_parent=True,
         warm_workers=not args.no_warm_workers,
         metrics=not args.no_metrics,
+        auth_tokens=Path(args.auth_tokens) if args.auth_tokens else None,
     )
     try:
         cluster.start()
