@@ -64,6 +64,7 @@ class JobStatus:
     message: str
     time_unix_s: float
     epochs: int = 0  # epochs the job trains in all
+    owner: str = ""  # who submitted it (the caller's name when the cluster checks credentials)
 
     @property
     def done(self) -> bool:
@@ -177,7 +178,7 @@ def _state_value(state: str | int) -> int:
 
 def _status(u) -> JobStatus:
     return JobStatus(u.job_id, _state(u.state), u.epochs_done, u.world_size, u.accuracy, u.plan_version, u.revision,
-                     u.message, u.time_unix_s, u.epochs)
+                     u.message, u.time_unix_s, u.epochs, u.owner)
 
 
 def _plan(p) -> PlanInfo:

@@ -261,6 +261,13 @@ async def test_users_cancel_and_read_only_their_own_jobs_an_admin_any(etcd, tmp_
         await stubs["alice"].SubmitJobs(planner_pb2.SubmitJobsRequest(jobs=[_job("a-job")], profiles=[profile]), timeout=15)
         listed = (await stubs["bob"].ListJobs(planner_pb2.ListJobsRequest(), timeout=5)).jobs
         assert [(j.job_id, j.owner) for j in listed] == [("a-job", "alice")]
+        from omru.cli.commands.status import Held, row
+        from omru.client import Client, PlanInfo
+
+        async with Client(plan.address, token="tok-bob") as sdk:  # the SDK and omru status name her too
+            (job,) = await sdk.status()
+        assert job.owner == "alice"
+        assert row(job, PlanInfo(0, "", 0.0, 0.0, ()), Held({}, {}), 0.0).cells()[:2] == ["a-job", "alice"]
         for call in (stubs["bob"].CancelJob(planner_pb2.CancelJobRequest(job_id="a-job"), timeout=15),
                      stubs["bob"].GetJobLogs(planner_pb2.GetJobLogsRequest(job_id="a-job"), timeout=5).read()):
             with pytest.raises(grpc.aio.AioRpcError) as denied:

@@ -82,8 +82,11 @@ async def test_status_shows_where_each_job_stands_and_filters(etcd, registry, tm
         assert code == 0, err
         lines = out.splitlines()
         assert re.match(r"plan v\d+ \(fifo\) made \d{4}-\d\d-\d\dT", lines[0]), lines[0]
-        assert lines[1].split() == ["JOB", "STATE", "GPUS", "NODES", "EPOCHS", "SUBMITTED", "AGE", "ETA", "REASON"]
-        rows = {line.split()[0]: line.split() for line in lines[2:]}
+        assert lines[1].split() == ["JOB", "OWNER", "STATE", "GPUS", "NODES", "EPOCHS", "SUBMITTED", "AGE", "ETA",
+                                    "REASON"]
+        # (its first column of each row, a job's id; the owner "-": this cluster checks no credentials)
+        rows = {line.split()[0]: line.split()[:1] + line.split()[2:] for line in lines[2:]}
+        assert all(line.split()[1] == "-" for line in lines[2:])
         assert rows["long"][1:4] == ["running", "1", "node-0"]
         done, total = map(int, rows["long"][4].split("/"))
         assert total == 30 and 2 <= done < 30
@@ -258,6 +261,6 @@ async def test_a_failed_job_shows_a_short_reason_and_its_whole_message_after_the
         message = d.records["boom"].message
     assert code == 0 and d.records["boom"].state == "FAILED" and message, err
     row = next(line for line in out.splitlines() if line.startswith("boom "))
-    assert row.split()[1] == "failed" and len(message) > 60  # (the planner's words and the node's)
+    assert row.split()[2] == "failed" and len(message) > 60  # (the planner's words and the node's)
     assert row.endswith(message[:59] + "…")  # the reason column: its first 60 characters
     assert f"boom failed: {message}" in out.splitlines()  # then the whole of it

@@ -1,6 +1,6 @@
 """`omru status`: where each job stands, a row per job (as `squeue` and `kubectl get` show them).
 
-Columns: JOB; STATE; GPUS held now; NODES its running attempt is on; EPOCHS done/total; SUBMITTED
+Columns: JOB; OWNER (who submitted it; "-" on a cluster without credentials); STATE; GPUS held now; NODES its running attempt is on; EPOCHS done/total; SUBMITTED
 (while the job waits: the planner says when it came; once it started it no longer does, so "-");
 AGE (since submission, else since its first start); ETA (from its own epochs so far, else from the
 plan in force); REASON (why it waits, or why it ended). The plan in force is named while a job is
@@ -22,7 +22,7 @@ WAITING = ("PENDING", "PROFILING", "WAITING")
 HOLDING = ("STARTING", "RUNNING", "RESIZING")
 #: The REASON column's width at most (a failed job's whole message follows the table).
 REASON_CHARS = 60
-COLUMNS = ("JOB", "STATE", "GPUS", "NODES", "EPOCHS", "SUBMITTED", "AGE", "ETA", "REASON")
+COLUMNS = ("JOB", "OWNER", "STATE", "GPUS", "NODES", "EPOCHS", "SUBMITTED", "AGE", "ETA", "REASON")
 
 
 def register(subparsers) -> None:
@@ -52,15 +52,16 @@ class Row:
     age_s: float | None
     eta_s: float | None
     reason: str
+    owner: str = ""
 
     def cells(self) -> list[str]:
-        return [self.job_id, self.state.lower(), str(self.gpus) if self.gpus else "-", ",".join(self.nodes) or "-",
+        return [self.job_id, self.owner or "-", self.state.lower(), str(self.gpus) if self.gpus else "-", ",".join(self.nodes) or "-",
                 f"{self.epochs_done}/{self.epochs or '?'}", clock(self.submitted_unix_s), duration(self.age_s),
                 duration(self.eta_s), self.reason]
 
     def line(self) -> str:
         """One line for a log (the columns, named)."""
-        return (f"{self.job_id} {self.state.lower()} gpus={self.gpus} nodes={','.join(self.nodes) or '-'} "
+        return (f"{self.job_id} {self.state.lower()} " + (f"owner={self.owner} " if self.owner else "") + f"gpus={self.gpus} nodes={','.join(self.nodes) or '-'} "
                 f"epochs={self.epochs_done}/{self.epochs or '?'} age={duration(self.age_s)} "
                 f"eta={duration(self.eta_s)}" + (f" reason={self.reason!r}" if self.reason else ""))
 
@@ -142,7 +143,7 @@ def row(j, plan, held: Held, now: float) -> Row:
     return Row(j.job_id, j.state, j.world_size if j.state in HOLDING else 0,
                held.nodes.get(j.job_id, ()) if j.state in HOLDING else (), j.epochs_done, j.epochs, j.accuracy,
                submitted, started, now - (submitted or started) if (submitted or started) else None, eta,
-               reason(j, planned, plan.created_unix_s, now))
+               reason(j, planned, plan.created_unix_s, now), getattr(j, "owner", ""))
 
 
 def reason(j, planned, plan_created: float, now: float) -> str:
