@@ -65,8 +65,12 @@ class Actuation:
         if r is None or r.terminal:
             return
         gained = [g for g in a.gpus if self.owner.get(g) != r.job_id]
+        if a.kind == "park" and any(g in self.owner for g in gained):
+            return await self._park(r, a, gained)
         if any(g in self.owner for g in gained):
             return  # its last holder has not released it yet: that event brings the next pass
+        if a.kind == "park":  # (its GPUs came free meanwhile)
+            a = replace(a, kind="resize")
         old_nodes, new_nodes = list(dict.fromkeys(g[0] for g in r.gpus)), list(dict.fromkeys(g[0] for g in a.gpus))
         # A resize moves at the old attempt's next epoch boundary, which only the nodes it runs on know.
         # Nodes that join get their allocation once the old attempt released its GPUs everywhere (`_join`):
@@ -86,17 +90,56 @@ class Actuation:
             return
         log.info("dispatch", job_id=r.job_id, kind=a.kind, gpus=a.gpus, attempt=new.attempt_id)
 
+    async def _park(self, r: JobRecord, a: Move, gained: Sequence[Gpu]) -> None:
+        """Park a running job (follow.py): its allocations go, so its attempt stops at its next epoch
+        boundary (the step's), keeping its claims on the GPUs the step keeps; it claims the gained GPUs
+        that are free now and awaits the others; every node of the step joins once the old attempt
+        released its GPUs and the awaited ones are its (`_book`, `_complete`)."""
+        free = {g: self.nodes[g[0]].lease_id for g in gained if g not in self.owner}
+        new = replace(r, state=st.RESIZING, target=a.gpus, attempt=r.attempt + 1, sent_s=0.0, message="",
+                      joining=tuple(dict.fromkeys(g[0] for g in a.gpus)),
+                      releasing=tuple(g for g in r.gpus if self.owner.get(g) == r.job_id),
+                      awaiting=tuple(g for g in gained if g not in free))
+        if not await self._write(r.job_id, record=new, claim=free, drop=list(dict.fromkeys(g[0] for g in r.gpus))):
+            asyncio.get_running_loop().call_later(CLAIM_RETRY_S, self._follow_soon)
+            return
+        log.info("park", job_id=r.job_id, gpus=a.gpus, attempt=new.attempt_id, awaiting=len(new.awaiting))
+        await self._complete(self.records[r.job_id])
+
+    async def _book(self, job_id: str) -> None:
+        """Claim the awaited GPUs (`_park`) their holders released; with all in hand, the move completes."""
+        async with self._job_lock(job_id):
+            r = self.records.get(job_id)
+            free = [g for g in (r.awaiting if r is not None and not r.terminal else ())
+                    if g not in self.owner and g[0] in self.nodes]  # (a lost node's jobs are requeued)
+            if not free:
+                return
+            new = replace(r, awaiting=tuple(g for g in r.awaiting if g not in free))
+            if not await self._write(job_id, record=new, claim={g: self.nodes[g[0]].lease_id for g in free}):
+                asyncio.get_running_loop().call_later(CLAIM_RETRY_S, self._follow_soon)
+                return
+            await self._complete(self.records[job_id])
+
     async def _join(self, r: JobRecord, released: Sequence[Gpu]) -> None:
-        """The old attempt of a job that moves released these GPUs; once it released them all, the nodes the
-        move joins get their allocations (first, then the record says so: a write that fails, as one
-        lost with a planner that failed, is done again when the event comes again or at the next release)."""
+        """The old attempt of a job that moves released these GPUs; once it released them all (and, parked,
+        holds every GPU it awaited), the nodes the move joins get their allocations (`_complete`)."""
         r = await self._update(r.job_id, lambda c: replace(c, releasing=tuple(g for g in c.releasing if g not in released))
                                if c.joining and c.attempt == r.attempt else None)
-        if r is None or not r.joining or r.releasing or r.terminal:
+        if r is not None:
+            await self._complete(r)
+
+    async def _complete(self, r: JobRecord) -> None:
+        """A move whose old attempt released everything and whose GPUs are all its own: the nodes it joins
+        get their allocations (first, then the record says so: a write that fails, as one lost with a
+        planner that failed, is done again when the event comes again or at the next release). A parked
+        move is sent now (`sent_s`, from which its start overhead counts: the wait for the holders is not
+        the start's)."""
+        if not r.joining or r.releasing or r.awaiting or r.terminal:
             return
         value = await self._directive(r, "resize")
         if await self._write(r.job_id, put={n: (value, self.nodes[n].lease_id) for n in r.joining if n in self.nodes}):
-            await self._update(r.job_id, lambda c: replace(c, joining=()) if c.attempt == r.attempt else None)
+            await self._update(r.job_id, lambda c: replace(c, joining=(), sent_s=c.sent_s or time.time())
+                               if c.attempt == r.attempt else None)
 
     async def _directive(self, r: JobRecord, kind: str) -> bytes:
         """The allocation of the job's attempt on `target` (every node of it gets the same)."""
@@ -165,7 +208,9 @@ class Actuation:
 
     async def _forget_later(self, r: JobRecord) -> None:
         """Drop the allocations the job's move still waited to put (`joining`): no executor got them, so
-        the planner itself gives up the GPUs it claimed there."""
+        the planner itself gives up the GPUs it claimed there (not those its old attempt still runs on:
+        their executors release them), and it awaits nothing more."""
         if r.joining:
-            await self._release(r.job_id, [g for g in r.target if g[0] in r.joining])
-            await self._update(r.job_id, lambda c: replace(c, joining=(), releasing=()) if c.joining else None)
+            await self._release(r.job_id, [g for g in r.target if g[0] in r.joining and g not in r.releasing])
+            await self._update(r.job_id, lambda c: replace(c, joining=(), releasing=(), awaiting=())
+                               if c.joining else None)

@@ -333,6 +333,38 @@ class Dispatcher(Ingest, Actuation):
         self._deviated.add(r.job_id)
         return True
 
+    def _epoch_s(self, job_id: str, gpus: Sequence[Gpu]) -> float | None:
+        """The plan's epoch seconds of the job on these GPUs (None: not known)."""
+        timing = self._timing.get(job_id)
+        if timing is None or not 1 <= len(gpus) <= timing.max_gpus:
+            return None
+        return timing.epoch_seconds(len(gpus), len({g[0] for g in gpus}))
+
+    def _worth_parking(self, j: Live, s: Step, holders: frozenset[str]) -> bool:
+        """follow.py's `park`, on the plan's epoch times: True when the holders of the GPUs the job's step
+        gains release them after its coming epoch boundary (sooner, it moves as a plain resize), but
+        sooner after it than one more epoch where it runs would take beyond one epoch of the step
+        (`wait < e_old - e_new`): stopped there, the job is further along when the step's GPUs are all
+        free than it would be with one more epoch on what it holds."""
+        r, now = self.records.get(j.job_id), time.time()
+        if r is None or r.state != st.RUNNING or not r.progress_s:
+            return False
+        e_old, e_new = self._epoch_s(r.job_id, r.gpus), self._epoch_s(r.job_id, s.gpus)
+        if e_old is None or e_new is None or e_new >= e_old:
+            return False
+        boundary = max(0.0, e_old - (now - r.progress_s) * self.time_scale)  # job seconds to it from now
+        wait = 0.0
+        for h in holders:
+            hr = self.records.get(h)
+            e_h = self._epoch_s(h, hr.gpus) if hr is not None and hr.state == st.RUNNING and hr.progress_s else None
+            if e_h is None:
+                return False  # (a holder starting, moving, or not a job: when it releases is not known)
+            # it holds them until its first step off them, or its end
+            until = min((x.after for x in self._steps_of.get(h, ()) if x.after > hr.epochs_done
+                         and not set(x.gpus) & set(s.gpus)), default=hr.epochs)
+            wait = max(wait, (until - hr.epochs_done) * e_h - (now - hr.progress_s) * self.time_scale)
+        return boundary < wait < boundary + e_old - e_new
+
     def _ended_early(self, job_id: str) -> bool:
         """True when the job ended more than REPLAN_LATE of the plan's makespan before the plan had it end,
         leaving a GPU no later step of the plan uses: the plan did not know it would be free now, and
@@ -479,10 +511,14 @@ class Dispatcher(Ingest, Actuation):
             live[job_id] = Live(job_id, True, True, tuple(mine), 0, ended=True)
         if any(s.job_id not in live for s in self.steps):  # the steps of jobs that ended are done
             self.steps = [s for s in self.steps if s.job_id in live]
-        moves = follow(self.steps, live, gpus)
+        moves = follow(self.steps, live, gpus, self._worth_parking)
         for m in moves:
             self._acting[m.job_id] = t = asyncio.get_running_loop().create_task(self._act(m))
             t.add_done_callback(functools.partial(self._acted, m.job_id))
+        for r in self.records.values():  # parked jobs take the GPUs they await as their holders release them
+            if r.awaiting and r.job_id not in self._acting and any(g not in self.owner for g in r.awaiting):
+                self._acting[r.job_id] = t = asyncio.get_running_loop().create_task(self._book(r.job_id))
+                t.add_done_callback(functools.partial(self._acted, r.job_id))
         if self._planning:
             return  # (the plan under way is the replan the checks below would ask for)
         if not moves and live and all(j.waiting for j in live.values()) and gpus and not self.owner \

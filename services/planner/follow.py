@@ -15,7 +15,13 @@ jobs follow their allocations:
   them, early or late);
 - a running job moves to its next step (resize: the executor moves it at its
   next epoch boundary) once it is in the last epoch before the step and the
-  GPUs it gains are its to take; until then it keeps what it holds.
+  GPUs it gains are its to take; until then it keeps what it holds;
+- unless those GPUs' holders are late, and waiting for them costs less than
+  the epoch it would otherwise train on what it holds: then it parks (`park`,
+  the planner's call): it stops at that boundary, keeps its GPUs, and takes
+  the others as their holders release them (a 4-GPU job growing onto 64 GPUs
+  whose last holder ends a little after that boundary would else leave 60 GPUs
+  idle for a whole 4-GPU epoch).
 
 `follow` returns the moves for now; `late` the steps reality has fallen
 behind while GPUs idle, on which the planner replans (see dispatcher.py),
@@ -25,7 +31,7 @@ giving the core what runs as committed history.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 Gpu = tuple[str, int]
 
@@ -63,10 +69,10 @@ class Live:
 
 @dataclass(frozen=True)
 class Move:
-    """Start (a waiting job) or resize (a running one) `job_id` onto exactly `gpus`; `step` is the plan's."""
+    """Start (a waiting job), resize or park (a running one) `job_id` onto exactly `gpus`; `step` is the plan's."""
 
     job_id: str
-    kind: str  # "start" | "resize"
+    kind: str  # "start" | "resize" | "park" (resize at the next epoch boundary onto GPUs some of which others hold)
     gpus: tuple[Gpu, ...]
     step: Step
 
@@ -132,8 +138,13 @@ def blockers(steps: Sequence[Step], live: Mapping[str, Live], step: Step) -> dic
     return out
 
 
-def follow(steps: Sequence[Step], live: Mapping[str, Live], gpus: Sequence[Gpu]) -> list[Move]:
-    """The moves that may happen now (see the module docstring). Never gives one GPU to two jobs."""
+#: park(job, its step, the jobs holding GPUs it gains) -> whether it should stop and wait for them
+Park = Callable[[Live, Step, frozenset[str]], bool]
+
+
+def follow(steps: Sequence[Step], live: Mapping[str, Live], gpus: Sequence[Gpu], park: Park | None = None) -> list[Move]:
+    """The moves that may happen now (see the module docstring). Never gives one GPU to two jobs: a
+    parked job takes the GPUs others hold only as they release them."""
     todo = pending(steps, live)
     holder, head = _holders(live), _heads(todo)
     live_gpus = set(gpus)
@@ -143,12 +154,19 @@ def follow(steps: Sequence[Step], live: Mapping[str, Live], gpus: Sequence[Gpu])
         if j.moving or not set(s.gpus) <= live_gpus:
             continue
         gained = [g for g in s.gpus if g not in j.held]
-        if any(head.get(g) is not s or holder.get(g, job_id) != job_id for g in gained):
+        if any(head.get(g) is not s for g in gained):
             continue
+        held_by = frozenset(holder[g] for g in gained if holder.get(g, job_id) != job_id)
         if j.waiting:
+            if held_by:
+                continue
             kind = "start"
-        elif j.epochs_done + 1 >= s.after:  # in the last epoch before the step: it moves at that boundary
+        elif j.epochs_done + 1 < s.after:
+            continue
+        elif not held_by:  # in the last epoch before the step: it moves at that boundary
             kind = "resize"
+        elif park is not None and park(j, s, held_by):
+            kind = "park"
         else:
             continue
         for g in s.gpus:

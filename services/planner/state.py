@@ -96,6 +96,9 @@ class JobRecord:
     #: finishes the move)
     joining: tuple[str, ...] = ()
     releasing: tuple[Gpu, ...] = ()
+    #: a parked move's GPUs (follow.py) that other jobs still hold: claimed as they release them; the
+    #: nodes of `joining` get their allocation once this and `releasing` are empty
+    awaiting: tuple[Gpu, ...] = ()
     owner: str = ""  # name of the user who submitted it ("" without auth, or stored by older code)
     revision: int = 0  # etcd mod revision (not stored)
 
@@ -155,6 +158,7 @@ class JobRecord:
         d["gpus"] = tuple((n, int(i)) for n, i in d.get("gpus", ()))
         d["target"] = tuple((n, int(i)) for n, i in d.get("target", ()))
         d["releasing"] = tuple((n, int(i)) for n, i in d.get("releasing", ()))
+        d["awaiting"] = tuple((n, int(i)) for n, i in d.get("awaiting", ()))
         d["joining"] = tuple(d.get("joining", ()))
         d["placement"] = tuple((int(g), int(k), float(t)) for g, k, t in d.get("placement", ()))
         return cls(**d, revision=revision)

@@ -271,3 +271,85 @@ async def test_a_claim_another_writer_left_is_forgotten_once_it_is_gone(etcd, re
                     break
                 await asyncio.sleep(0.05)
             assert d.owner == {}
+
+
+async def test_a_parked_job_stops_at_its_boundary_and_takes_the_gpus_it_awaits_as_they_are_released(etcd_store):
+    """A runs on n0 and is planned onto n0 + n1 after its coming epoch boundary; b still holds n1. Parked,
+    a's allocation goes (its attempt stops at that boundary), it keeps n0 and claims nothing of b's; b's
+    release gives it n1, and with its old attempt stopped every node gets the new attempt at once."""
+    from omru.v1 import registry_pb2
+
+    d = Dispatcher(PlannerState(etcd_store), "127.0.0.1:1", "127.0.0.1:1")
+    lease = await etcd_store.grant_lease(30)
+    d.nodes = {n: registry_pb2.Node(node_id=n, address=f"127.0.0.1:{5000 + i}", lease_id=lease)
+               for i, n in enumerate(("n0", "n1"))}
+    for job, gpus in (("a", N0), ("b", N1)):
+        spec = TrainSpec(job_id=job, model="resnet18", epochs=4).to_dict()
+        record = JobRecord(spec=spec, state=st.RUNNING, attempt=1, gpus=tuple(gpus), target=tuple(gpus), epochs_done=1)
+        assert await d._write(job, record=record, claim={g: lease for g in gpus}, put={gpus[0][0]: (b"d", lease)})
+    await d._act(Move("a", "park", tuple(GPUS), Step("a", tuple(GPUS), 2, 0.0, 2)))
+    a = d.records["a"]
+    assert (a.state, a.attempt, a.joining, a.releasing, a.awaiting) == (st.RESIZING, 2, ("n0", "n1"), tuple(N0), tuple(N1))
+    assert a.sent_s == 0.0  # nothing sent yet
+    assert [kv.key.rpartition("/")[2] for kv in await allocations(etcd_store)] == ["b"]  # a's is gone
+    assert await d.state.claims() == {**{g: "a" for g in N0}, **{g: "b" for g in N1}}
+    # a's old attempt stops at its boundary: n0 stays a's (the step keeps it); b still runs
+    await d._on_event(Event("n0", "a", "gpus_released", 1.0, attempt_id="a-a1", gpus=tuple(N0), epoch=2))
+    await d._book("a")
+    assert d.records["a"].awaiting == tuple(N1) and d.records["a"].releasing == ()
+    assert [kv.key.rpartition("/")[2] for kv in await allocations(etcd_store)] == ["b"]
+    # b ends and releases n1: a takes it, and both nodes get a's new attempt
+    await d._on_event(Event("n1", "b", "finished", 2.0, attempt_id="b-a1", epoch=4))
+    await d._on_event(Event("n1", "b", "gpus_released", 2.0, attempt_id="b-a1", gpus=tuple(N1), epoch=4))
+    await d._book("a")
+    a = d.records["a"]
+    assert (a.awaiting, a.joining) == ((), ()) and a.sent_s > 0
+    assert await d.state.claims() == {g: "a" for g in GPUS}
+    assert sorted(kv.key.rpartition("/")[0].rpartition("/")[2] for kv in await allocations(etcd_store)) == ["n0", "n1"]
+
+
+async def test_a_parked_job_that_is_cancelled_gives_back_only_what_its_executors_released(etcd_store):
+    """Cancelled while parked, a gives up its claim on n0 only when n0's executor released it (its old
+    attempt may still be training its last epoch there), and awaits nothing more."""
+    from omru.v1 import registry_pb2
+
+    d = Dispatcher(PlannerState(etcd_store), "127.0.0.1:1", "127.0.0.1:1")
+    lease = await etcd_store.grant_lease(30)
+    d.nodes = {n: registry_pb2.Node(node_id=n, address=f"127.0.0.1:{5000 + i}", lease_id=lease)
+               for i, n in enumerate(("n0", "n1"))}
+    for job, gpus in (("a", N0), ("b", N1)):
+        spec = TrainSpec(job_id=job, model="resnet18", epochs=4).to_dict()
+        record = JobRecord(spec=spec, state=st.RUNNING, attempt=1, gpus=tuple(gpus), target=tuple(gpus), epochs_done=1)
+        assert await d._write(job, record=record, claim={g: lease for g in gpus}, put={gpus[0][0]: (b"d", lease)})
+    await d._act(Move("a", "park", tuple(GPUS), Step("a", tuple(GPUS), 2, 0.0, 2)))
+    await d.cancel("a")
+    assert d.records["a"].state == st.CANCELLED and d.records["a"].awaiting == ()
+    assert await d.state.claims() == {**{g: "a" for g in N0}, **{g: "b" for g in N1}}
+    await d._on_event(Event("n0", "a", "gpus_released", 1.0, attempt_id="a-a1", gpus=tuple(N0), epoch=2))
+    assert await d.state.claims() == {g: "b" for g in N1}
+
+
+def test_a_job_parks_only_when_its_gpus_holder_is_due_after_its_boundary_but_soon_enough():
+    """a: 100 s epochs on n0, 30 s on n0 + n1, its coming boundary in 20 s (job seconds, time scale 1);
+    park iff b (50 s epochs) releases n1 after that boundary and less than 100 - 30 = 70 s after it."""
+    import time
+
+    from services.planner.follow import Live
+
+    now = time.time()
+    d = Dispatcher(None, "127.0.0.1:1", "127.0.0.1:1")
+    spec = TrainSpec(job_id="a", model="resnet18", epochs=10).to_dict()
+    d.records["a"] = JobRecord(spec=spec, state=st.RUNNING, gpus=tuple(N0), epochs_done=4, progress_s=now - 80)
+    d._timing = {"a": Job("a", 10, {2: 100.0, 4: 30.0}), "b": Job("b", 6, {2: 50.0})}
+    step = Step("a", tuple(GPUS), 5, 0.0, 5)
+
+    def parks(b_epochs_done: int, b_elapsed_s: float, b_state: str = st.RUNNING) -> bool:
+        spec = TrainSpec(job_id="b", model="resnet18", epochs=6).to_dict()
+        d.records["b"] = JobRecord(spec=spec, state=b_state, gpus=tuple(N1), epochs_done=b_epochs_done,
+                                   progress_s=now - b_elapsed_s)
+        return d._worth_parking(Live("a", False, False, tuple(N0), 4), step, frozenset({"b"}))
+
+    assert parks(5, 0.0)  # b releases in 50 s: 30 s after a's boundary
+    assert not parks(5, 40.0)  # in 10 s, before the boundary: a moves as a plain resize then
+    assert not parks(4, 0.0)  # in 100 s: 80 s after it, more than one of a's epochs there gains
+    assert not parks(5, 0.0, st.RESIZING)  # b moving: when it releases is not known

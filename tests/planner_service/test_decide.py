@@ -27,8 +27,8 @@ def live(*jobs):
     return {j.job_id: j for j in jobs}
 
 
-def moves(steps, jobs, gpus=GPUS):
-    return [(m.job_id, m.kind, m.gpus) for m in follow(steps, live(*jobs), gpus)]
+def moves(steps, jobs, gpus=GPUS, park=None):
+    return [(m.job_id, m.kind, m.gpus) for m in follow(steps, live(*jobs), gpus, park)]
 
 
 def test_a_waiting_job_starts_on_exactly_its_planned_gpus_when_they_are_free():
@@ -57,6 +57,30 @@ def test_a_running_job_moves_in_the_last_epoch_before_its_next_step_and_only_ont
     assert moves(steps, [running("a", N0, done=4), running("x", N1[:1])]) == []
     # a move already under way is left alone
     assert moves(steps, [running("a", N0, done=4, moving=True)]) == []
+
+
+def test_a_running_job_parks_for_gpus_still_held_only_when_the_planner_finds_it_worth_it():
+    steps = [Step("a", tuple(N0), 2, 0.0, 3), Step("a", tuple(GPUS), 5, 30.0, 4), Step("y", tuple(N1), 0, 40.0, 1)]
+    asked = []
+
+    def park(j, s, holders):
+        asked.append((j.job_id, s.after, holders))
+        return True
+
+    x = running("x", N1[:1])
+    # in its last epoch before the step, the GPUs it gains held by x: it parks on all four, asked about x
+    assert moves(steps, [running("a", N0, done=4), x], park=park) == [("a", "park", tuple(GPUS))]
+    assert asked == [("a", 5, frozenset({"x"}))]
+    assert moves(steps, [running("a", N0, done=4), x], park=lambda *_: False) == []
+    # not in its last epoch yet, a move under way, or a waiting job: no park, nothing asked
+    asked.clear()
+    assert moves(steps, [running("a", N0, done=3), x], park=park) == []
+    assert moves(steps, [running("a", N0, done=4, moving=True), x], park=park) == []
+    assert moves([Step("b", tuple(GPUS), 0, 0.0, 2)], [waiting("b"), x], park=park) == []
+    assert asked == []
+    # a GPU it gains planned first for another job's step: it may not park there either
+    first = [Step("a", tuple(N0), 2, 0.0, 3), Step("y", tuple(N1), 0, 10.0, 1), Step("a", tuple(GPUS), 5, 30.0, 4)]
+    assert moves(first, [running("a", N0, done=4), waiting("y"), x], park=park) == []
 
 
 def test_a_shrink_needs_no_free_gpu_and_frees_the_rest_for_the_next_in_line():
@@ -102,8 +126,9 @@ def test_a_step_is_late_when_its_planned_start_has_passed_and_a_gpu_it_needs_idl
     assert late(steps, live(running("a", N0[:1]), waiting("b")), now_s=105.0, slack_s=10.0) == []
 
 
+@pytest.mark.parametrize("parks", [False, True])
 @pytest.mark.parametrize("nodes,per", [(1, 4), (2, 2), (3, 3)])
-def test_no_gpu_is_ever_given_twice_over_random_plans_and_states(nodes, per):
+def test_no_gpu_is_ever_given_twice_over_random_plans_and_states(nodes, per, parks):
     gpus = [(f"n{n}", i) for n in range(nodes) for i in range(per)]
     rng = random.Random(nodes * 10 + per)
     for _ in range(300):
@@ -121,12 +146,17 @@ def test_no_gpu_is_ever_given_twice_over_random_plans_and_states(nodes, per):
                 steps.append(Step(name, tuple(rng.sample(gpus, rng.randint(1, len(gpus)))), after,
                                   rng.uniform(0, 100), 2))
                 after += 2
-        acts = follow(steps, live(*jobs), gpus)
+        acts = follow(steps, live(*jobs), gpus, (lambda *_: True) if parks else None)
         owner = {g: j.job_id for j in jobs for g in j.held}
+        gained: dict = {}  # GPU -> the move of this pass that gains it
         for a in acts:
-            for g in a.gpus:
-                assert owner.get(g, a.job_id) == a.job_id, (g, a, owner)
-                owner[g] = a.job_id
+            for g in (g for g in a.gpus if owner.get(g) != a.job_id):
+                assert g not in gained, (g, a, gained[g])  # no GPU goes to two jobs
+                gained[g] = a
+                # a start or resize takes only free GPUs; a parked job claims the others once released
+                assert a.kind == "park" or g not in owner, (g, a, owner)
+            if a.kind == "park":  # only a running job parks, for GPUs another job holds
+                assert not live(*jobs)[a.job_id].waiting and any(g in owner and owner[g] != a.job_id for g in a.gpus)
         assert len({a.job_id for a in acts}) == len(acts)
 
 
