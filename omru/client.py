@@ -65,6 +65,7 @@ class JobStatus:
     time_unix_s: float
     epochs: int = 0  # epochs the job trains in all
     owner: str = ""  # who submitted it (the caller's name when the cluster checks credentials)
+    submitted_unix_s: float = 0.0  # when it was submitted (0: not known)
 
     @property
     def done(self) -> bool:
@@ -178,7 +179,7 @@ def _state_value(state: str | int) -> int:
 
 def _status(u) -> JobStatus:
     return JobStatus(u.job_id, _state(u.state), u.epochs_done, u.world_size, u.accuracy, u.plan_version, u.revision,
-                     u.message, u.time_unix_s, u.epochs, u.owner)
+                     u.message, u.time_unix_s, u.epochs, u.owner, u.submitted_unix_s)
 
 
 def _plan(p) -> PlanInfo:

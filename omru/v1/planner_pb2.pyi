@@ -23,7 +23,7 @@ class Plan(_message.Message):
     def __init__(self, version: _Optional[int] = ..., policy: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.Segment, _Mapping]]] = ..., makespan_s: _Optional[float] = ..., created_unix_s: _Optional[float] = ...) -> None: ...
 
 class JobUpdate(_message.Message):
-    __slots__ = ("job_id", "state", "epochs_done", "world_size", "accuracy", "plan_version", "revision", "message", "time_unix_s", "epochs", "owner")
+    __slots__ = ("job_id", "state", "epochs_done", "world_size", "accuracy", "plan_version", "revision", "message", "time_unix_s", "epochs", "owner", "submitted_unix_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_DONE_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class JobUpdate(_message.Message):
     TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: _common_pb2.JobState
     epochs_done: int
@@ -46,7 +47,8 @@ class JobUpdate(_message.Message):
     time_unix_s: float
     epochs: int
     owner: str
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., epochs_done: _Optional[int] = ..., world_size: _Optional[int] = ..., accuracy: _Optional[float] = ..., plan_version: _Optional[int] = ..., revision: _Optional[int] = ..., message: _Optional[str] = ..., time_unix_s: _Optional[float] = ..., epochs: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+    submitted_unix_s: float
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., epochs_done: _Optional[int] = ..., world_size: _Optional[int] = ..., accuracy: _Optional[float] = ..., plan_version: _Optional[int] = ..., revision: _Optional[int] = ..., message: _Optional[str] = ..., time_unix_s: _Optional[float] = ..., epochs: _Optional[int] = ..., owner: _Optional[str] = ..., submitted_unix_s: _Optional[float] = ...) -> None: ...
 
 class JobResult(_message.Message):
     __slots__ = ("job_id", "state", "epochs_done", "accuracy", "planned_finish_s", "actual_finish_s", "gpu_seconds", "world_sizes", "message")

@@ -90,7 +90,8 @@ def job_update(r: JobRecord, plan_version: int = 0) -> planner_pb2.JobUpdate:
     return planner_pb2.JobUpdate(
         job_id=r.job_id, state=common_pb2.JobState.Value(f"JOB_STATE_{r.state}"), epochs_done=r.epochs_done,
         world_size=r.world_size, accuracy=r.accuracy, plan_version=plan_version, revision=r.revision,
-        message=r.message, time_unix_s=r.finished_s or r.sent_s or r.submitted_s, epochs=r.epochs, owner=r.owner)
+        message=r.message, time_unix_s=r.finished_s or r.sent_s or r.submitted_s, epochs=r.epochs, owner=r.owner,
+        submitted_unix_s=r.submitted_s)
 
 
 def plan(p: dict | None) -> planner_pb2.Plan:

@@ -90,7 +90,7 @@ async def test_status_shows_where_each_job_stands_and_filters(etcd, registry, tm
         assert rows["long"][1:4] == ["running", "1", "node-0"]
         done, total = map(int, rows["long"][4].split("/"))
         assert total == 30 and 2 <= done < 30
-        assert rows["long"][5] == "-" and re.fullmatch(r"\d+s|\d+m\d\ds", rows["long"][6])  # started: age, no submit
+        assert STAMP.match(rows["long"][5] + " ") and re.fullmatch(r"\d+s|\d+m\d\ds", rows["long"][6])  # submitted, age
         assert re.fullmatch(r"\d+s|\d+m\d\ds", rows["long"][7]), rows["long"]  # ETA filled while it runs
         assert rows["gone"][1] == "cancelled" and "cancelled by a client" in " ".join(rows["gone"][8:])
         # short waits for long's GPU: when it came, since when, and why it waits

@@ -1,7 +1,7 @@
 """`omru status`: where each job stands, a row per job (as `squeue` and `kubectl get` show them).
 
 Columns: JOB; OWNER (who submitted it; "-" on a cluster without credentials); STATE; GPUS held now; NODES its running attempt is on; EPOCHS done/total; SUBMITTED
-(while the job waits: the planner says when it came; once it started it no longer does, so "-");
+(when it came; "-" from a planner that does not say);
 AGE (since submission, else since its first start); ETA (from its own epochs so far, else from the
 plan in force); REASON (why it waits, or why it ended). The plan in force is named while a job is
 live; an idle cluster shows none.
@@ -132,8 +132,9 @@ def row(j, plan, held: Held, now: float) -> Row:
     """The Row of a JobStatus `j` under the plan in force and the holds so far."""
     planned = [s for s in plan.segments if s.job_id == j.job_id] if plan.version else []
     started = held.started.get(j.job_id)
-    # (a job that never started: its time is its submission; once sent, the time of its last directive)
-    submitted = j.time_unix_s if j.state in WAITING and started is None and j.time_unix_s else None
+    # (an older planner gives no submission time: a job that never started has it as its time)
+    submitted = getattr(j, "submitted_unix_s", 0.0) or (
+        j.time_unix_s if j.state in WAITING and started is None and j.time_unix_s else None)
     eta = None
     if not j.done:
         if j.epochs_done and started and j.epochs:  # its own pace so far
