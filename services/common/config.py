@@ -196,6 +196,7 @@ class PlannerConfig:
     time_scale: float = 1.0  # job seconds per wall second: > 1 only for an emulated cluster (omru emulate)
     leader_ttl_s: int = 15  # the leader's lease: a standby takes over within this and a poll after it dies
     trial_timeout_s: float = 600.0  # a profiling trial that runs longer is stopped
+    checkpoint_retention_s: float = 7 * 86400.0  # an ended job's checkpoints are removed this long after its end
 
     def __post_init__(self) -> None:
         check_endpoint("registry address", self.registry)
@@ -208,6 +209,8 @@ class PlannerConfig:
             raise ConfigError(f"time_scale {self.time_scale!r} is not in (0, 1e6]")
         if not (isinstance(self.trial_timeout_s, (int, float)) and 1 <= self.trial_timeout_s <= 86400):
             raise ConfigError(f"trial_timeout_s {self.trial_timeout_s!r} is not in [1, 86400]")
+        if not (isinstance(self.checkpoint_retention_s, (int, float)) and 0 <= self.checkpoint_retention_s <= 3.2e8):
+            raise ConfigError(f"checkpoint_retention_s {self.checkpoint_retention_s!r} is not in [0, 3.2e8] (ten years)")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from services.common.logging import get_logger
+from services.planner import retention
 from services.planner import state as st
 from services.planner.follow import Move
 from services.planner.state import JobRecord
@@ -156,7 +157,7 @@ class Actuation:
         """<root>/<batch>/<job>: the batch is its origin in ms, so a later batch never resumes an old checkpoint."""
         if self._origin is None:  # (stored once, never changed: read once)
             self._origin = await self.state.origin()
-        return f"{self.checkpoint_root}/batch-{int((self._origin or 0) * 1000)}/{job_id}"
+        return f"{self.checkpoint_root}/{retention.batch_folder(self._origin)}/{job_id}"
 
     async def _write(self, job_id: str, **change) -> bool:
         """One desired-state transaction for the job (PlannerState.change); False when a GPU to claim is

@@ -45,6 +45,7 @@ import functools
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from services.common.aio import wait_event
@@ -52,6 +53,7 @@ from services.common.etcd import Fenced
 from services.common.logging import get_logger
 from services.planner import state as st
 from services.planner import problem as planning
+from services.planner import retention
 from services.planner.actuate import Actuation
 from services.planner.follow import Live, Step, blockers, follow, late
 from services.planner.ingest import Ingest
@@ -74,6 +76,8 @@ REPLAN_QUIET_MAX_S = 2.0
 SUBMISSIONS_WAIT_MAX_S = 10.0
 #: Seconds between passes over the plan when no event asks for one.
 FOLLOW_EVERY_S = 5.0
+#: Seconds between sweeps of the checkpoint root for folders past their retention (at most).
+SWEEP_EVERY_S = 600.0
 #: A step that should have begun this share of the plan's makespan ago, while a GPU it needs idles, or a
 #: job that ends this much earlier than planned, makes the planner replan.
 REPLAN_LATE = 0.05
@@ -104,7 +108,8 @@ class Dispatcher(Ingest, Actuation):
     def __init__(self, state: PlannerState, registry: str, profiler: str, policy: str = "", token: str | None = None,
                  checkpoint_root: str = "", start_overhead_s: float = 4.0, seed: int = 0,
                  policy_options: Mapping[str, object] | None = None, learn_profiles: bool = True,
-                 tls=None, time_scale: float = 1.0, trial_timeout_s: float = TRIAL_TIMEOUT_S) -> None:
+                 tls=None, time_scale: float = 1.0, trial_timeout_s: float = TRIAL_TIMEOUT_S,
+                 checkpoint_retention_s: float = 7 * 86400.0) -> None:
         import tempfile
 
         self.state = state
@@ -114,6 +119,8 @@ class Dispatcher(Ingest, Actuation):
         self.token = token
         self.tls = tls  # TlsConfig of the channels to the registry, profiler and executors (None: plaintext)
         self.checkpoint_root = checkpoint_root or f"{tempfile.gettempdir()}/omru-checkpoints"
+        self.checkpoint_retention_s = checkpoint_retention_s  # (retention.py)
+        self._swept = 0.0  # when the checkpoint root was last swept (monotonic seconds)
         self.prior_overhead_s = start_overhead_s
         self.time_scale = time_scale  # job seconds per wall second (an emulated cluster runs faster)
         self.overheads: list[float] = []
@@ -413,12 +420,29 @@ class Dispatcher(Ingest, Actuation):
                 async with self._lock:
                     if not asked:
                         await self._drop_stale_claims()
+                        await self._sweep_checkpoints()
                     await self._follow()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self._broken("follow_failed", exc)
                 await asyncio.sleep(0.5)
+
+    async def _sweep_checkpoints(self) -> list:
+        """Remove the checkpoint folders whose retention ran out (retention.py), at most every
+        SWEEP_EVERY_S (and a tenth of the retention), off the event loop; the folders removed."""
+        if time.monotonic() - self._swept < min(SWEEP_EVERY_S, self.checkpoint_retention_s / 10):
+            return []
+        self._swept = time.monotonic()
+        if self._origin is None:
+            self._origin = await self.state.origin()
+        ended = {r.job_id: r.finished_s for r in self.records.values() if r.terminal and r.finished_s}
+        removed = await asyncio.to_thread(retention.sweep, Path(self.checkpoint_root),
+                                          retention.batch_folder(self._origin), ended, time.time(),
+                                          self.checkpoint_retention_s)
+        if removed:
+            log.info("checkpoints_removed", folders=[str(p) for p in removed[:8]], count=len(removed))
+        return removed
 
     async def _drop_stale_claims(self) -> None:
         """Forget the GPUs held, as this planner last read the claims, by jobs it does not run (claims it

@@ -38,7 +38,8 @@ async def start(config: cfg.PlannerConfig, servicer=None) -> RunningServer:
         dispatcher = Dispatcher(PlannerState(etcd), config.registry, config.profiler, policy=config.policy,
                                 token=config.server.call_token, tls=config.server.client_tls,
                                 checkpoint_root=config.checkpoint_root, start_overhead_s=config.start_overhead_s,
-                                time_scale=config.time_scale, trial_timeout_s=config.trial_timeout_s)
+                                time_scale=config.time_scale, trial_timeout_s=config.trial_timeout_s,
+                                checkpoint_retention_s=config.checkpoint_retention_s)
         servicer = PlannerServicer(dispatcher)
     service = Service(planner_pb2_grpc.add_PlannerServiceServicer_to_server, servicer, service_name(planner_pb2, "PlannerService"))
     running = await start_server(config.server, [service])
@@ -116,6 +117,9 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
                              "dies (default 15)")
     parser.add_argument("--trial-timeout", type=float, default=600.0,
                         help="seconds a profiling trial may run before it is stopped (default 600)")
+    parser.add_argument("--checkpoint-retention", type=float, default=7 * 86400.0, metavar="SECONDS",
+                        help="seconds an ended job's checkpoint folder is kept after its end, and an earlier batch's "
+                             "folder after its last change, before the planner removes it (default 604800: a week)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="job seconds per wall second (only for an emulated cluster; default 1)")
     args = parser.parse_args(argv)
@@ -130,6 +134,7 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
         time_scale=args.time_scale,
         leader_ttl_s=args.leader_ttl,
         trial_timeout_s=args.trial_timeout,
+        checkpoint_retention_s=args.checkpoint_retention,
     )
 
 
