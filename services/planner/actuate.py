@@ -45,12 +45,15 @@ class Actuation:
         return self._job_locks.setdefault(job_id, asyncio.Lock())
 
     def _acted(self, job_id: str, t: asyncio.Task) -> None:
-        """A move's write ended (`_follow` started it): a failed one is tried again at a later pass."""
+        """A move's write ended (`_follow` started it): a pass follows, since passes meanwhile left the job
+        alone (a GPU a parked job awaits may have come free); a failed one is tried again then."""
         if self._acting.get(job_id) is t:
             del self._acting[job_id]
         if not t.cancelled() and t.exception() is not None:
             self._broken("move_failed", t.exception(), job_id=job_id)
             asyncio.get_running_loop().call_later(0.5, self._follow_soon)
+        elif not t.cancelled():
+            self._follow_soon()
 
     async def moved(self) -> None:
         """Wait for the moves being written (tests)."""

@@ -96,9 +96,10 @@ def pending(steps: Sequence[Step], live: Mapping[str, Live]) -> dict[str, list[S
 
 def late(steps: Sequence[Step], live: Mapping[str, Live], now_s: float, slack_s: float) -> list[Step]:
     """Pending steps planned to begin more than slack_s before now_s (plan seconds) that leave a GPU
-    idle meanwhile: reality has fallen behind the plan, and the plan is stale."""
+    idle meanwhile: reality has fallen behind the plan, and the plan is stale. A job that is moving
+    (its move being written, or under way) is not behind: it is taking its step."""
     held = {g for j in live.values() for g in j.held}
-    return [s for rest in pending(steps, live).values() for s in rest
+    return [s for job, rest in pending(steps, live).items() if not live[job].moving for s in rest
             if s.start_s + slack_s < now_s and any(g not in held for g in s.gpus)]
 
 

@@ -273,14 +273,12 @@ async def test_a_claim_another_writer_left_is_forgotten_once_it_is_gone(etcd, re
             assert d.owner == {}
 
 
-async def test_a_parked_job_stops_at_its_boundary_and_takes_the_gpus_it_awaits_as_they_are_released(etcd_store):
-    """A runs on n0 and is planned onto n0 + n1 after its coming epoch boundary; b still holds n1. Parked,
-    a's allocation goes (its attempt stops at that boundary), it keeps n0 and claims nothing of b's; b's
-    release gives it n1, and with its old attempt stopped every node gets the new attempt at once."""
+async def parked(store) -> Dispatcher:
+    """a runs on n0 (attempt 1) and b on n1; a parks to move onto n0 + n1 after its coming boundary."""
     from omru.v1 import registry_pb2
 
-    d = Dispatcher(PlannerState(etcd_store), "127.0.0.1:1", "127.0.0.1:1")
-    lease = await etcd_store.grant_lease(30)
+    d = Dispatcher(PlannerState(store), "127.0.0.1:1", "127.0.0.1:1")
+    lease = await store.grant_lease(30)
     d.nodes = {n: registry_pb2.Node(node_id=n, address=f"127.0.0.1:{5000 + i}", lease_id=lease)
                for i, n in enumerate(("n0", "n1"))}
     for job, gpus in (("a", N0), ("b", N1)):
@@ -288,6 +286,14 @@ async def test_a_parked_job_stops_at_its_boundary_and_takes_the_gpus_it_awaits_a
         record = JobRecord(spec=spec, state=st.RUNNING, attempt=1, gpus=tuple(gpus), target=tuple(gpus), epochs_done=1)
         assert await d._write(job, record=record, claim={g: lease for g in gpus}, put={gpus[0][0]: (b"d", lease)})
     await d._act(Move("a", "park", tuple(GPUS), Step("a", tuple(GPUS), 2, 0.0, 2)))
+    return d
+
+
+async def test_a_parked_job_stops_at_its_boundary_and_takes_the_gpus_it_awaits_as_they_are_released(etcd_store):
+    """A runs on n0 and is planned onto n0 + n1 after its coming epoch boundary; b still holds n1. Parked,
+    a's allocation goes (its attempt stops at that boundary), it keeps n0 and claims nothing of b's; b's
+    release gives it n1, and with its old attempt stopped every node gets the new attempt at once."""
+    d = await parked(etcd_store)
     a = d.records["a"]
     assert (a.state, a.attempt, a.joining, a.releasing, a.awaiting) == (st.RESIZING, 2, ("n0", "n1"), tuple(N0), tuple(N1))
     assert a.sent_s == 0.0  # nothing sent yet
@@ -311,17 +317,7 @@ async def test_a_parked_job_stops_at_its_boundary_and_takes_the_gpus_it_awaits_a
 async def test_a_parked_job_that_is_cancelled_gives_back_only_what_its_executors_released(etcd_store):
     """Cancelled while parked, a gives up its claim on n0 only when n0's executor released it (its old
     attempt may still be training its last epoch there), and awaits nothing more."""
-    from omru.v1 import registry_pb2
-
-    d = Dispatcher(PlannerState(etcd_store), "127.0.0.1:1", "127.0.0.1:1")
-    lease = await etcd_store.grant_lease(30)
-    d.nodes = {n: registry_pb2.Node(node_id=n, address=f"127.0.0.1:{5000 + i}", lease_id=lease)
-               for i, n in enumerate(("n0", "n1"))}
-    for job, gpus in (("a", N0), ("b", N1)):
-        spec = TrainSpec(job_id=job, model="resnet18", epochs=4).to_dict()
-        record = JobRecord(spec=spec, state=st.RUNNING, attempt=1, gpus=tuple(gpus), target=tuple(gpus), epochs_done=1)
-        assert await d._write(job, record=record, claim={g: lease for g in gpus}, put={gpus[0][0]: (b"d", lease)})
-    await d._act(Move("a", "park", tuple(GPUS), Step("a", tuple(GPUS), 2, 0.0, 2)))
+    d = await parked(etcd_store)
     await d.cancel("a")
     assert d.records["a"].state == st.CANCELLED and d.records["a"].awaiting == ()
     assert await d.state.claims() == {**{g: "a" for g in N0}, **{g: "b" for g in N1}}
@@ -353,3 +349,4 @@ def test_a_job_parks_only_when_its_gpus_holder_is_due_after_its_boundary_but_soo
     assert not parks(5, 40.0)  # in 10 s, before the boundary: a moves as a plain resize then
     assert not parks(4, 0.0)  # in 100 s: 80 s after it, more than one of a's epochs there gains
     assert not parks(5, 0.0, st.RESIZING)  # b moving: when it releases is not known
+

@@ -124,6 +124,8 @@ def test_a_step_is_late_when_its_planned_start_has_passed_and_a_gpu_it_needs_idl
     assert late(steps, live(running("a", N0[:1]), waiting("b")), now_s=200.0, slack_s=10.0) == steps
     # within the slack it is not late yet
     assert late(steps, live(running("a", N0[:1]), waiting("b")), now_s=105.0, slack_s=10.0) == []
+    # b's start being written (a moving job takes its step): not late
+    assert late(steps, live(Live("b", True, True, (), 0)), now_s=200.0, slack_s=10.0) == []
 
 
 @pytest.mark.parametrize("parks", [False, True])
