@@ -98,7 +98,7 @@ async def test_a_job_no_node_can_run_fails_naming_why_and_a_spread_never_exceeds
         etcd, registry, start_service, tmp_path):
     from dataclasses import replace
 
-    from services.planner.dispatcher import MAX_REFUSALS
+    from services.planner.ingest import MAX_REFUSALS
 
     await start_nodes(start_service, registry, tmp_path, n=1, slots=2)
     async with planner(etcd.endpoint, registry.address, checkpoint_root=str(tmp_path / "ckpt"),
