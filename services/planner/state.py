@@ -45,8 +45,8 @@ PENDING, PROFILING, WAITING, STARTING, RUNNING, RESIZING, FINISHED, FAILED, CANC
     "PENDING", "PROFILING", "WAITING", "STARTING", "RUNNING", "RESIZING", "FINISHED", "FAILED", "CANCELLED")
 TERMINAL = frozenset({FINISHED, FAILED, CANCELLED})
 #: The one job-state transition table: the states each state may move to (a write that keeps the state
-#: is always allowed). Every write of a job record goes through it (`check_move`); test_protos holds its
-#: keys to omru.v1.JobState. WAITING, STARTING, RUNNING and RESIZING may end FINISHED: an attempt stopped
+#: is always allowed). Every write of a job record goes through it (`check_move`); test_list_jobs holds
+#: its keys to omru.v1.JobState. WAITING, STARTING, RUNNING and RESIZING may end FINISHED: an attempt stopped
 #: (requeued, moved) may have trained the last epoch before it noticed.
 MOVES: Mapping[str, frozenset[str]] = {
     PENDING: frozenset({PROFILING, WAITING, FAILED, CANCELLED}),

@@ -1,9 +1,9 @@
 """`omru status`: where each job stands, a row per job (as `squeue` and `kubectl get` show them).
 
-Columns: JOB; OWNER (who submitted it; "-" on a cluster without credentials); STATE; GPUS held now; NODES its running attempt is on; EPOCHS done/total; SUBMITTED
-(when it came; "-" from a planner that does not say);
-AGE (since submission, else since its first start); ETA (from its own epochs so far, else from the
-plan in force); REASON (why it waits, or why it ended). The plan in force is named while a job is
+Columns: JOB; OWNER (who submitted it; "-" on a cluster without credentials); STATE; GPUS held
+now; NODES its running attempt is on; EPOCHS done/total; SUBMITTED (when it came; "-" from a
+planner that does not say); AGE (since submission, else since its first start); ETA (from its own
+epochs so far, else from the plan in force); REASON (why it waits, or why it ended). The plan in force is named while a job is
 live; an idle cluster shows none.
 
 `-w/--watch` keeps going: on a terminal the table is redrawn live; otherwise one line per change,
@@ -55,13 +55,14 @@ class Row:
     owner: str = ""
 
     def cells(self) -> list[str]:
-        return [self.job_id, self.owner or "-", self.state.lower(), str(self.gpus) if self.gpus else "-", ",".join(self.nodes) or "-",
-                f"{self.epochs_done}/{self.epochs or '?'}", clock(self.submitted_unix_s), duration(self.age_s),
+        return [self.job_id, self.owner or "-", self.state.lower(), str(self.gpus) if self.gpus else "-",
+                ",".join(self.nodes) or "-", f"{self.epochs_done}/{self.epochs or '?'}", clock(self.submitted_unix_s), duration(self.age_s),
                 duration(self.eta_s), self.reason]
 
     def line(self) -> str:
         """One line for a log (the columns, named)."""
-        return (f"{self.job_id} {self.state.lower()} " + (f"owner={self.owner} " if self.owner else "") + f"gpus={self.gpus} nodes={','.join(self.nodes) or '-'} "
+        return (f"{self.job_id} {self.state.lower()} " + (f"owner={self.owner} " if self.owner else "")
+                + f"gpus={self.gpus} nodes={','.join(self.nodes) or '-'} "
                 f"epochs={self.epochs_done}/{self.epochs or '?'} age={duration(self.age_s)} "
                 f"eta={duration(self.eta_s)}" + (f" reason={self.reason!r}" if self.reason else ""))
 
