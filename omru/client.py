@@ -250,6 +250,15 @@ def job(job_id: str, *, epochs: int, model: str | None = None, dataset: str | No
         raise errors.InvalidArgument("; ".join(exc.problems)) from None
 
 
+async def node_listing(stub, timeout_s: float):
+    """(ListNodesResponse, (node_id, index) -> the job holding that GPU) from a RegistryService stub."""
+    from omru.v1 import registry_pb2
+
+    nodes = await stub.ListNodes(registry_pb2.ListNodesRequest(), timeout=timeout_s)
+    claims = await stub.ListClaims(registry_pb2.ListClaimsRequest(), timeout=timeout_s)
+    return nodes, {(c.gpu.node_id, c.gpu.index): c.job_id for c in claims.claims}
+
+
 def _ids(job_ids: str | Iterable[str]) -> list[str]:
     """job ids as a list (one id alone is one job); InvalidArgument when none is given or one is not a string."""
     ids = [job_ids] if isinstance(job_ids, str) else list(job_ids)
@@ -408,7 +417,7 @@ class Client:
     async def nodes(self) -> list[NodeInfo]:
         """Every live node of the cluster, its GPUs and which job holds each (RegistryService.ListNodes
         and ListClaims, at the client's registry: see the class)."""
-        from omru.v1 import registry_pb2, registry_pb2_grpc
+        from omru.v1 import registry_pb2_grpc
         from services.common.channels import open_channel
 
         if self._registry_channel is None:
@@ -416,10 +425,13 @@ class Client:
             self.registry, _, _ = connect_options(self.registry, self.token, self.tls, service="registry")
             self._registry_channel = open_channel(self.registry, token=self.token, tls=self.tls,
                                                   deadline=self.deadline_s)
-        stub = registry_pb2_grpc.RegistryServiceStub(self._registry_channel)
-        nodes = await self._call("ListNodes", registry_pb2.ListNodesRequest(), stub)
-        claims = await self._call("ListClaims", registry_pb2.ListClaimsRequest(), stub)
-        holder = {(c.gpu.node_id, c.gpu.index): c.job_id for c in claims.claims}
+        import grpc
+
+        try:
+            nodes, holder = await node_listing(registry_pb2_grpc.RegistryServiceStub(self._registry_channel),
+                                               self.deadline_s)
+        except grpc.RpcError as exc:
+            raise errors.from_rpc(exc, self.registry) from exc
         return [NodeInfo(n.node_id, n.address, tuple(GpuSlot(g.index, g.kind, g.memory_bytes,
                                                              holder.get((n.node_id, g.index), "")) for g in n.gpus),
                          n.registered_unix_s, n.ttl_seconds) for n in nodes.nodes]

@@ -59,7 +59,7 @@ OPEN = Principal(ANYONE, "")
 LEGACY_ADMIN = "admin"  # the name of the single legacy token's user
 
 USERS = (USER, ADMIN)
-EVERYONE = (USER, ADMIN, PLANNER, REGISTRY, PROFILER, NODE)
+EVERYONE = ROLES
 
 #: service -> RPC -> who may call it. THIS_NODE: a node, for the node_id the request names.
 TABLE: dict[str, dict[str, tuple[str, ...]]] = {

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Mapping, Sequence
 
+from services.common.config import SERVICE_TOKEN_ENV, TOKEN_ENV, check_token
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -53,8 +55,6 @@ def free_port(host: str = "127.0.0.1") -> int:
 ETCD_MAX_TXN_OPS = 4096
 #: Environment flag: a service child asks the kernel for SIGTERM when its parent dies.
 DIE_WITH_PARENT_ENV = "OMRU_DIE_WITH_PARENT"
-#: Environment variable with the token a service sends as itself (services/common/config.py's).
-SERVICE_TOKEN_ENV = "OMRU_SERVICE_TOKEN"
 
 
 def die_with_parent() -> None:
@@ -494,8 +494,7 @@ class LocalCluster:
     ) -> None:
         if nodes < 0:
             raise ValueError(f"nodes {nodes} is negative")
-        if auth_token is not None and (not auth_token or any(c.isspace() for c in auth_token)):
-            raise ValueError("auth token is empty or contains whitespace")
+        check_token("auth token", auth_token)
         if slots_per_node < 1:
             raise ValueError(f"slots_per_node {slots_per_node} is below 1")
         if not 0 <= planner_port <= 65535:
@@ -535,7 +534,7 @@ class LocalCluster:
             auth = ("--auth-tokens", str(self.work_dir / TOKENS_FILE))
         env = child_env(extra)
         if not self.users:  # no auth asked for: tokens in our own environment must not turn it on in part
-            for variable in ("OMRU_AUTH_TOKEN", SERVICE_TOKEN_ENV):
+            for variable in (TOKEN_ENV, SERVICE_TOKEN_ENV):
                 env.pop(variable, None)
         s = ServiceProcess(name, service_argv(module, "--host", self.host, *metrics, *auth, *args), env, log)
         self.services.append(s)

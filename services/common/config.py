@@ -36,6 +36,12 @@ def check_id(name: str, value: str) -> str:
     return value
 
 
+def check_token(name: str, value: str | None) -> None:
+    """A bearer token (None: none): ConfigError unless non-empty and free of whitespace."""
+    if value is not None and (not value or any(c.isspace() for c in value)):
+        raise ConfigError(f"{name} is empty or contains whitespace")
+
+
 def check_endpoint(name: str, value: str) -> str:
     """Return value when it is "host:port" with a port in 0..65535, else raise."""
     host, sep, port = str(value).rpartition(":")
@@ -119,10 +125,8 @@ class ServerConfig:
             raise ConfigError(f"--metrics-port {self.metrics_port!r} is not in 0..65535")
         if self.tls is not None and self.tls.cert_file is None:
             raise ConfigError("server tls needs a certificate and key (--tls-cert, --tls-key)")
-        for name in ("auth_token", "service_token"):
-            value = getattr(self, name)
-            if value is not None and (not value or any(c.isspace() for c in value)):
-                raise ConfigError(f"{name.replace('_', ' ')} is empty or contains whitespace")
+        check_token("auth token", self.auth_token)
+        check_token("service token", self.service_token)
         if self.grace_seconds < 0:
             raise ConfigError(f"grace_seconds {self.grace_seconds!r} is negative")
 

@@ -24,12 +24,10 @@ from typing import Sequence
 from services.common.logging import get_logger
 from services.planner import retention
 from services.planner import state as st
-from services.planner.follow import Move
+from services.planner.follow import Gpu, Move
 from services.planner.state import JobRecord
 
 log = get_logger(__name__)
-
-Gpu = tuple[str, int]
 
 #: Seconds before a refused claim is tried again.
 CLAIM_RETRY_S = 0.2
@@ -158,9 +156,13 @@ class Actuation:
 
     async def _checkpoint_dir(self, job_id: str) -> str:
         """<root>/<batch>/<job>: the batch is its origin in ms, so a later batch never resumes an old checkpoint."""
+        return f"{self.checkpoint_root}/{await self._batch_folder()}/{job_id}"
+
+    async def _batch_folder(self) -> str:
+        """The current batch's folder under the checkpoint root (retention.batch_folder of its origin)."""
         if self._origin is None:  # (stored once, never changed: read once)
             self._origin = await self.state.origin()
-        return f"{self.checkpoint_root}/{retention.batch_folder(self._origin)}/{job_id}"
+        return retention.batch_folder(self._origin)
 
     async def _write(self, job_id: str, **change) -> bool:
         """One desired-state transaction for the job (PlannerState.change); False when a GPU to claim is

@@ -288,8 +288,9 @@ class Dispatcher(Ingest, Actuation):
             self.poke()
         return created, existing
 
-    async def cancel(self, job_id: str) -> JobRecord | None:
-        r = await self.state.job(job_id)
+    async def cancel(self, job_id: str, known: JobRecord | None = None) -> JobRecord | None:
+        """Cancel the job (`known`: its record as just read, else read here); its record then."""
+        r = known or await self.state.job(job_id)
         if r is None or r.terminal:
             return r
         await self._forget_later(r)
@@ -434,12 +435,9 @@ class Dispatcher(Ingest, Actuation):
         if time.monotonic() - self._swept < min(SWEEP_EVERY_S, self.checkpoint_retention_s / 10):
             return []
         self._swept = time.monotonic()
-        if self._origin is None:
-            self._origin = await self.state.origin()
         ended = {r.job_id: r.finished_s for r in self.records.values() if r.terminal and r.finished_s}
-        removed = await asyncio.to_thread(retention.sweep, Path(self.checkpoint_root),
-                                          retention.batch_folder(self._origin), ended, time.time(),
-                                          self.checkpoint_retention_s)
+        removed = await asyncio.to_thread(retention.sweep, Path(self.checkpoint_root), await self._batch_folder(),
+                                          ended, time.time(), self.checkpoint_retention_s)
         if removed:
             log.info("checkpoints_removed", folders=[str(p) for p in removed[:8]], count=len(removed))
         return removed
@@ -517,8 +515,10 @@ class Dispatcher(Ingest, Actuation):
         owned: dict[str, list[Gpu]] = {}
         for g, job_id in self.owner.items():
             owned.setdefault(job_id, []).append(g)
-        live = {}
+        live, booking = {}, []
         for r in self.records.values():
+            if r.awaiting and r.job_id not in self._acting and any(g not in self.owner for g in r.awaiting):
+                booking.append(r.job_id)  # (parked: a GPU it awaits came free)
             mine = tuple(owned.pop(r.job_id, ()))
             if r.terminal or not r.profile or r.state not in (st.WAITING, st.STARTING, st.RUNNING, st.RESIZING):
                 if mine:
@@ -539,10 +539,9 @@ class Dispatcher(Ingest, Actuation):
         for m in moves:
             self._acting[m.job_id] = t = asyncio.get_running_loop().create_task(self._act(m))
             t.add_done_callback(functools.partial(self._acted, m.job_id))
-        for r in self.records.values():  # parked jobs take the GPUs they await as their holders release them
-            if r.awaiting and r.job_id not in self._acting and any(g not in self.owner for g in r.awaiting):
-                self._acting[r.job_id] = t = asyncio.get_running_loop().create_task(self._book(r.job_id))
-                t.add_done_callback(functools.partial(self._acted, r.job_id))
+        for job_id in booking:  # parked jobs take the GPUs they await as their holders release them
+            self._acting[job_id] = t = asyncio.get_running_loop().create_task(self._book(job_id))
+            t.add_done_callback(functools.partial(self._acted, job_id))
         if self._planning:
             return  # (the plan under way is the replan the checks below would ask for)
         if not moves and live and all(j.waiting for j in live.values()) and gpus and not self.owner \

@@ -26,12 +26,10 @@ from services.executor.supervisor import is_self_stop
 from services.planner import report as ev
 from services.planner import state as st
 from services.planner.learn import observe
-from services.planner.report import Event
+from services.planner.report import Event, Gpu
 from services.planner.state import JobRecord
 
 log = get_logger(__name__)
-
-Gpu = tuple[str, int]
 
 #: The most events of one node handled (and stored, in one transaction per 100) together.
 EVENT_BATCH = 500

@@ -136,10 +136,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         if problem:
             await abort_invalid(context, *problem)
         await self._leading(context)
-        await _own(context, "CancelJob", await self.dispatcher.state.job(request.job_id), request.job_id)
-        r = await self.dispatcher.cancel(request.job_id)
-        if r is None:
-            await abort_not_found(context, "job_id", request.job_id)
+        r = await self.dispatcher.state.job(request.job_id)
+        await _own(context, "CancelJob", r, request.job_id)  # (NOT_FOUND without it)
+        r = await self.dispatcher.cancel(request.job_id, r)
         return planner_pb2.CancelJobResponse(state=common_pb2.JobState.Value(f"JOB_STATE_{r.state}"))
 
     @grpc_errors

@@ -49,21 +49,18 @@ def handle(args) -> int:
     tls = plannerargs.tls_of(conn)
 
     async def read():
-        from omru.v1 import registry_pb2, registry_pb2_grpc
+        from omru.client import node_listing
+        from omru.v1 import registry_pb2_grpc
         from services.common.channels import open_channel
 
         async with open_channel(conn.address, token=conn.token, tls=tls, deadline=args.timeout) as channel:
-            stub = registry_pb2_grpc.RegistryServiceStub(channel)
-            nodes = await stub.ListNodes(registry_pb2.ListNodesRequest(), timeout=args.timeout)
-            claims = await stub.ListClaims(registry_pb2.ListClaimsRequest(), timeout=args.timeout)
-            return nodes, claims
+            return await node_listing(registry_pb2_grpc.RegistryServiceStub(channel), args.timeout)
 
     try:
-        nodes, claims = asyncio.run(read())
+        nodes, holder = asyncio.run(read())
     except grpc.RpcError as exc:
         raise from_rpc(exc, "registry", conn.address, conn.source) or \
             CliError(f"registry said {exc.code().name}: {exc.details()}") from None
-    holder = {(c.gpu.node_id, c.gpu.index): c.job_id for c in claims.claims}
     now = time.time()
     rows = []
     for n in nodes.nodes:

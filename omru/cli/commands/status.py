@@ -67,6 +67,13 @@ class Row:
                 f"eta={duration(self.eta_s)}" + (f" reason={self.reason!r}" if self.reason else ""))
 
 
+def changed(before, s) -> bool:
+    """Whether update s of a job says something its previous one (None: none) did not (a new plan
+    re-sends every job unchanged)."""
+    return before is None or (before.state, before.epochs_done, before.world_size, before.message) != (
+        s.state, s.epochs_done, s.world_size, s.message)
+
+
 def clock(t: float | None) -> str:
     """Local time, ISO 8601 to the second ("-" when unknown)."""
     return "-" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
@@ -280,9 +287,7 @@ def watch(c, states: list[str], as_json: bool, timeout_s: float | None, out=None
             before = latest.get(s.job_id)
             latest[s.job_id] = s
             view.saw(before, s)
-            seen = before is not None and (before.state, before.epochs_done, before.world_size, before.message) == (
-                s.state, s.epochs_done, s.world_size, s.message)  # (a new plan re-sends every job)
-            if live is not None or seen or (states and s.state not in states):
+            if live is not None or not changed(before, s) or (states and s.state not in states):
                 continue
             r, at = view.row(s), clock(time.time())
             print(json.dumps({"time": at, **asdict(r)}) if as_json else f"{at} {r.line()}", file=out, flush=True)

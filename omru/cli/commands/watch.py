@@ -11,7 +11,7 @@ import sys
 import time
 
 from omru.cli import plannerargs
-from omru.cli.commands.status import View, check_timeout, clock, console, duration
+from omru.cli.commands.status import View, changed, check_timeout, clock, console, duration
 
 
 def register(subparsers) -> None:
@@ -76,8 +76,7 @@ def follow(c, job_ids=(), timeout_s=None, out=None, epochs: dict[str, int] | Non
                     progress.update(tasks[s.job_id], **fields)
                 else:
                     tasks[s.job_id] = progress.add_task(s.job_id, **fields)
-            elif before is None or (before.state, before.epochs_done, before.world_size, before.message) != (
-                    s.state, s.epochs_done, s.world_size, s.message):  # (a new plan re-sends every job)
+            elif changed(before, s):
                 print(f"{clock(now)} {s.job_id:<16} {s.epochs_done:>3}/{total:<3} epochs  {info}  "
                       f"ETA {duration(r.eta_s):>6}  {state}", file=out, flush=True)
     finally:
