@@ -549,7 +549,9 @@ class Dispatcher(Ingest, Actuation):
             self.poke()  # nothing runs or holds a GPU, and nothing planned can start: the plan is spent or stale
         elif self.steps and not self._dirty.is_set() and self._late_in != self.plan_version:
             now = (time.time() - self._plan_origin) * self.time_scale
-            behind = late(self.steps, live, now, REPLAN_LATE * self._plan_makespan)
+            # (a job this pass moves is taking its step: not behind, though `live` saw it waiting)
+            behind = [s for s in late(self.steps, live, now, REPLAN_LATE * self._plan_makespan)
+                      if s.job_id not in self._acting]
             if behind:  # (once per plan: a replan that changes nothing must not spin)
                 self._late_in = self.plan_version
                 j = live.get(behind[0].job_id)

@@ -11,6 +11,7 @@ ratio (`timing`).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -20,9 +21,11 @@ if TYPE_CHECKING:
     from services.planner.state import JobRecord
 
 #: Observed epoch times change a plan (a replan, the profile planned with) only from this many epochs on,
-#: and only when their mean is off by more than SIGNIFICANCE standard errors (`settled`).
+#: and only when a t-test of their mean against the planned time rejects it at CONFIDENCE (`settled`).
 MIN_EPOCHS_SEEN = 3
-SIGNIFICANCE = 3.0
+#: Two-sided; 3 standard errors of a normal. The planner tests every job after each of its epochs, so a
+#: test that rejects more often than this restarts jobs for noise.
+CONFIDENCE = 0.9973
 
 
 def epoch_table(profile: Mapping[int, float], gpus: int, min_gpus: int = 1, max_gpus: int = 0) -> dict[int, float]:
@@ -65,13 +68,22 @@ def stats(seen: Sequence[float] | None) -> tuple[float, int, float]:
 
 def settled(seen: Sequence[float] | None, expected_s: float) -> float | None:
     """The observed mean epoch time when it really differs from `expected_s`: at least MIN_EPOCHS_SEEN
-    epochs, off by more than SIGNIFICANCE standard errors of their mean (epoch times that vary as much
-    as they differ say nothing yet); None otherwise."""
+    epochs, off by more standard errors of their mean than Student's t with n - 1 degrees of freedom
+    allows at CONFIDENCE (epoch times that vary as much as they differ say nothing yet; a spread
+    estimated from a few epochs is itself uncertain, so a few need to be off by more); None otherwise."""
     mean, n, m2 = stats(seen)
     if n < MIN_EPOCHS_SEEN or mean <= 0:
         return None
     standard_error = math.sqrt(m2 / (n - 1) / n)
-    return mean if abs(mean - expected_s) > SIGNIFICANCE * standard_error else None
+    return mean if abs(mean - expected_s) > t_quantile(n - 1) * standard_error else None
+
+
+@functools.lru_cache(maxsize=None)
+def t_quantile(dof: int) -> float:
+    """The two-sided CONFIDENCE quantile of Student's t with `dof` degrees of freedom."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + CONFIDENCE / 2, dof))
 
 
 def timing(r: "JobRecord", cluster, learn: bool = True):

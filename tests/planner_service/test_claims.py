@@ -4,6 +4,7 @@ whatever order the nodes' event streams arrive in (real etcd)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 import pytest
@@ -350,3 +351,27 @@ def test_a_job_parks_only_when_its_gpus_holder_is_due_after_its_boundary_but_soo
     assert not parks(4, 0.0)  # in 100 s: 80 s after it, more than one of a's epochs there gains
     assert not parks(5, 0.0, st.RESIZING)  # b moving: when it releases is not known
 
+
+
+async def test_a_late_step_that_a_pass_starts_is_not_taken_for_lateness(etcd_store):
+    """b's start was planned long ago, and its GPUs came free only now: the pass that starts it does not
+    replan for it (it is taking its step), while the same step with a GPU still held elsewhere is late."""
+    from omru.v1 import common_pb2, registry_pb2
+
+    d = Dispatcher(PlannerState(etcd_store), "127.0.0.1:1", "127.0.0.1:1")
+    lease = await etcd_store.grant_lease(30)
+    d.nodes = {"n0": registry_pb2.Node(node_id="n0", address="127.0.0.1:5000", lease_id=lease,
+                                       gpus=[common_pb2.GpuInfo(index=i) for i in range(2)])}
+    spec = TrainSpec(job_id="b", model="resnet18", epochs=4).to_dict()
+    d.records["b"] = JobRecord(spec=spec, state=st.WAITING, profile={1: 10.0, 2: 6.0})
+    d._adopt([Step("b", tuple(N0), 0, 5.0, 4)])
+    d._plan_origin, d._plan_makespan = time.time() - 1_000.0, 100.0  # planned 995 s ago; the slack is 5 s
+    d.owner[N0[1]] = "c"  # held by a job that ended and has not released it yet
+    await d._follow()
+    assert "b" not in d._acting and d._dirty.is_set()  # b cannot start, n0:0 idles: late, replan
+    d._dirty.clear()
+    del d.owner[N0[1]]
+    d._late_in = -1
+    await d._follow()
+    assert "b" in d._acting and not d._dirty.is_set()  # started now: no replan
+    await d._acting["b"]

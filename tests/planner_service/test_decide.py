@@ -186,7 +186,13 @@ def test_only_a_mean_that_settled_away_from_the_expected_time_counts():
     # noisy epochs whose mean is off by less than 3 standard errors: noise, not a slower job
     noisy = seen(9.0, 13.0, 10.0, 14.0)[2, 1]  # mean 11.5, standard error 1.19
     assert settled(noisy, 10.0) is None
-    assert settled(noisy, 7.0) == 11.5  # 3.8 standard errors off
+    # 3.8 standard errors off, but a spread taken from four epochs is itself a guess: Student's t with
+    # 3 degrees of freedom needs 9.2 (four epochs of a job whose times vary by 10 % are 13 % fast often)
+    assert settled(noisy, 7.0) is None
+    assert settled(seen(50.0, 54.0, 48.0, 44.0)[2, 1], 56.5) is None
+    many = seen(*[9.0, 13.0, 10.0, 14.0] * 3)[2, 1]  # twelve epochs: mean 11.5, standard error 0.62
+    assert settled(many, 7.0) == 11.5  # 7.2 standard errors off, beyond t's 3.7 at 11 degrees
+    assert settled(many, 10.0) is None  # 2.4
     assert settled([12.0, 5], 10.0) == 12.0  # a record stored before the spread was kept: no spread
 
 
