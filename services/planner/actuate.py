@@ -73,13 +73,16 @@ class Actuation:
             return  # its last holder has not released it yet: that event brings the next pass
         if a.kind == "park":  # (its GPUs came free meanwhile)
             a = replace(a, kind="resize")
-        old_nodes, new_nodes = list(dict.fromkeys(g[0] for g in r.gpus)), list(dict.fromkeys(g[0] for g in a.gpus))
-        # A resize moves at the old attempt's next epoch boundary, which only the nodes it runs on know.
+        # A move happens at the old attempt's next epoch boundary, which only the nodes it runs on know.
         # Nodes that join get their allocation once the old attempt released its GPUs everywhere (`_join`):
         # sooner, their ranks would wait for the others for up to an epoch (past the rendezvous timeout),
-        # or, when no old node stays, train an epoch the old attempt is still training.
-        releasing = tuple(g for g in r.gpus if self.owner.get(g) == r.job_id)  # by the old attempt, not yet
-        joining = tuple(n for n in new_nodes if n not in old_nodes) if a.kind == "resize" and releasing else ()
+        # or, when no old node stays, train an epoch the old attempt is still training. So does a start of a
+        # job requeued while its attempt still runs to its boundary (its record no longer names those GPUs).
+        releasing = tuple(g for g in dict.fromkeys(r.gpus + tuple(g for g, j in self.owner.items() if j == r.job_id))
+                          if self.owner.get(g) == r.job_id)  # by the old attempt, not yet
+        old_nodes = list(dict.fromkeys(g[0] for g in r.gpus + releasing))
+        new_nodes = list(dict.fromkeys(g[0] for g in a.gpus))
+        joining = tuple(n for n in new_nodes if n not in old_nodes) if releasing else ()
         new = replace(r, state=st.STARTING if a.kind == "start" else st.RESIZING, target=a.gpus,
                       attempt=r.attempt + 1, sent_s=time.time(), message="", joining=joining,
                       releasing=releasing if joining else ())

@@ -375,3 +375,28 @@ async def test_a_late_step_that_a_pass_starts_is_not_taken_for_lateness(etcd_sto
     await d._follow()
     assert "b" in d._acting and not d._dirty.is_set()  # started now: no replan
     await d._acting["b"]
+
+
+async def test_a_requeued_job_started_elsewhere_joins_once_its_old_attempt_released(etcd_store):
+    """a was requeued while its attempt on n0 + n1 still trains to its epoch boundary (its record no longer
+    names those GPUs, its claims stay until the executors release them). Started on n1 + n2, n1's
+    allocation goes at once (n1's executor moves it at that boundary) and n2's waits for the release
+    everywhere: sooner, n2's ranks would begin from the checkpoint before the epoch still being trained."""
+    from omru.v1 import registry_pb2
+
+    d = await running(etcd_store, attempt=1, epochs_done=2)
+    lease = await etcd_store.grant_lease(30)
+    d.nodes = {n: registry_pb2.Node(node_id=n, address=f"127.0.0.1:{5000 + i}", lease_id=lease)
+               for i, n in enumerate(("n0", "n1", "n2"))}
+    d.owner = {g: "a" for g in GPUS}
+    await d._requeue(d.records["a"], "n0 refused it")
+    assert d.records["a"].state == st.WAITING and await allocations(etcd_store) == []
+    step = (*N1, ("n2", 0))
+    await d._act(Move("a", "start", step, Step("a", step, 2, 0.0, 2)))
+    r = d.records["a"]
+    assert (r.state, r.attempt, r.joining, set(r.releasing)) == (st.STARTING, 3, ("n2",), set(GPUS))
+    assert [kv.key.rpartition("/")[0].rpartition("/")[2] for kv in await allocations(etcd_store)] == ["n1"]
+    for node, gpus in (("n0", N0), ("n1", N1)):
+        await d._on_event(Event(node, "a", "gpus_released", 1.0, attempt_id="a-a1", gpus=tuple(gpus), epoch=3))
+    assert sorted(kv.key.rpartition("/")[0].rpartition("/")[2] for kv in await allocations(etcd_store)) == ["n1", "n2"]
+    assert d.records["a"].joining == ()
