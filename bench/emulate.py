@@ -76,6 +76,10 @@ def row(name: str, r: dict, note: str = "") -> None:
           f"{c['registry_cpu_s']:>6.0f} {c['etcd_cpu_s']:>6.0f} {c['emulator_cpu_s']:>6.0f} {r['wall_s']:>6.0f}" + (f"  {note}" if note else "")
           + (f"  {r['refusals']} directives refused (requeued)" if r["refusals"] else "")
           + ("" if r["all_finished"] else "  NOT ALL FINISHED"), flush=True)
+    worst = ", ".join(f"{w['job_id']} on {w['node_id']} at {w['start_s']:.0f} s: {w['gap_s']:.2f} s"
+                      for w in c["worst_hand_overs"] if w["gap_s"] >= 1.0)
+    if worst:
+        print(f"    longest hand-overs (wall s): {worst}")
     for job_id, why in sorted(r["failures"].items()):
         print(f"    {job_id} failed on {why}")
 

@@ -75,8 +75,17 @@ def double_owned_gpu_s(holds: Sequence[Hold]) -> float:
     return total
 
 
+#: The longest hand-overs `control` names.
+WORST = 5
+
+
 def reuse_gaps(holds: Sequence[Hold]) -> list[float]:
     """One gap per hold that takes over a GPU from another job (see the module docstring), in the holds' unit."""
+    return [gap for gap, _ in hand_overs(holds)]
+
+
+def hand_overs(holds: Sequence[Hold]) -> list[tuple[float, Hold]]:
+    """(reuse gap, hold) of each hold that takes over a GPU from another job, in the holds' unit."""
     by_gpu: dict[tuple[str, int], list[Hold]] = {}
     for h in holds:
         for g in h.gpus:
@@ -103,12 +112,12 @@ def reuse_gaps(holds: Sequence[Hold]) -> list[float]:
                 handed_over |= prev.job_id != part.job_id
                 ready = prev.end_s if ready is None else max(ready, prev.end_s)
         freed[key] = (ready, handed_over)
-    gaps = []
+    out = []
     for h in holds:
         ready, handed_over = freed[(h.job_id, h.attempt_id)]
         if handed_over and ready is not None and ready <= h.start_s:
-            gaps.append(h.start_s - ready)
-    return gaps
+            out.append((h.start_s - ready, h))
+    return out
 
 
 def critical_chain(holds: Sequence[Hold], planned: Sequence[report.PlannedSegment]) -> dict:
@@ -194,10 +203,14 @@ def figures(events: Sequence[Event], origin_s: float, speed: float, gpus: int, j
 def control(events: Sequence[Event], holds: Sequence[Hold], speed: float, wall_s: float,
             plan_seconds: Sequence[float], etcd_requests: float, cpu: dict[str, float]) -> dict:
     """The control plane's figures; `holds` in job seconds, reuse gaps in wall seconds."""
-    gaps = [g / speed for g in reuse_gaps(holds)]
+    taken = sorted(((g / speed, h) for g, h in hand_overs(holds)), key=lambda x: -x[0])
+    gaps = [g for g, _ in taken]
     out = {"reconciles": len(plan_seconds), **spread(plan_seconds, "plan_s"),
            "reuse_gap_s_p50": percentile(gaps, 0.5), "reuse_gap_s_p99": percentile(gaps, 0.99),
            "reuse_gap_s_max": max(gaps, default=0.0), "hand_overs": len(gaps),
+           # where the tail is: the longest hand-overs (job seconds of the start, on the first plan's clock)
+           "worst_hand_overs": [{"gap_s": round(g, 2), "job_id": h.job_id, "attempt_id": h.attempt_id,
+                                 "node_id": h.node_id, "start_s": round(h.start_s, 1)} for g, h in taken[:WORST]],
            "etcd_requests_per_s": etcd_requests / wall_s if wall_s > 0 else 0.0,
            "executor_events_per_s": len(events) / wall_s if wall_s > 0 else 0.0}
     out.update(cpu)

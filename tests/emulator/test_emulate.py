@@ -137,6 +137,8 @@ def test_a_reuse_gap_counts_from_when_all_of_an_attempts_gpus_were_free():
              # y moves onto e's GPU, idle since 20, at its own epoch boundary (60): from 60 on, not from 20
              hold("e", "e-a1", "n4", 0.0, 20.0), hold("y", "y-a1", "n3", 0.0, 60.0), hold("y", "y-a2", "n4", 63.0, 90.0)]
     assert sorted(measure.reuse_gaps(holds)) == [1.0, 2.0, 3.0]
+    worst = measure.control([], holds, 2.0, 1.0, [], 0.0, {})["worst_hand_overs"]  # wall seconds at speed 2
+    assert [(w["gap_s"], w["job_id"], w["node_id"]) for w in worst] == [(1.5, "y", "n4"), (1.0, "b", "n0"), (0.5, "b", "n1")]
 
 
 def test_as_planned_is_the_share_of_epochs_run_on_the_gpus_the_first_plan_gave_them():
