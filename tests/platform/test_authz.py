@@ -14,11 +14,12 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from omru.v1 import (common_pb2, executor_pb2, executor_pb2_grpc, planner_pb2, planner_pb2_grpc, profiler_pb2, profiler_pb2_grpc,
                      registry_pb2, registry_pb2_grpc)
-from platform_helpers import register_request
+from platform_helpers import etcd_http_range, register_request
 from services.common import authz
 from services.common import config as cfg
 from services.common.authz import Principal
 from services.common.channels import open_channel
+from services.common.etcd import EtcdStore, EtcdUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 #: caller kind -> its token ("none": no credential)
@@ -429,6 +430,14 @@ async def test_omru_up_gives_each_service_and_node_its_own_token_and_users_their
                     break
                 await asyncio.sleep(0.2)
             assert (await root.GetReport(planner_pb2.GetReportRequest(), timeout=5)).report.gpus == 2
+            # etcd serves the services alone: neither anyone nor a user's token gets in (the probe)
+            status, body = etcd_http_range(ready["etcd"])
+            assert status == 400 and "user name is empty" in body, (status, body)
+            assert (work / "etcd-root-password").stat().st_mode & 0o077 == 0
+            for user, password in ((None, None), ("registry", "tok-root"), ("alice", "tok-alice"), ("root", "tok-root")):
+                async with EtcdStore(ready["etcd"], timeout=2.0, user=user, password=password) as store:
+                    with pytest.raises(EtcdUnavailable):
+                        await store.list()
             codes = {
                 "none ListJobs": await outcome(channels["none"], "PlannerService/ListJobs", planner_pb2.ListJobsRequest()),
                 "alice SubmitJobs": await outcome(channels["alice"], "PlannerService/SubmitJobs",
@@ -475,5 +484,6 @@ async def test_a_local_cluster_without_auth_stays_open_whatever_token_the_enviro
             stub = registry_pb2_grpc.RegistryServiceStub(channel)
             await stub.RegisterNode(register_request("n-any"), timeout=5)
             assert [n.node_id for n in (await stub.ListNodes(registry_pb2.ListNodesRequest(), timeout=5)).nodes] == ["n-any"]
+        assert etcd_http_range(cluster.etcd_endpoint)[0] == 200  # etcd is locked only with auth
     finally:
         await asyncio.to_thread(cluster.stop)

@@ -15,7 +15,7 @@ import pytest
 from conftest import start_registry
 
 from omru.v1 import registry_pb2, registry_pb2_grpc
-from platform_helpers import register_request, rpc_error
+from platform_helpers import etcd_http_range, register_request, rpc_error
 from services.common import config as cfg
 from services.common.channels import open_channel
 from services.common.cluster import free_port
@@ -173,6 +173,10 @@ def test_tls_options_name_the_bad_file_and_exit_2(tmp_path):
         (["services.registry.server", "--tls-ca", str(ROOT / "README.md")], "--tls-cert, --tls-key"),
         (["services.executor.server", "--registry", "127.0.0.1:1", "--registry-identity", "not an id"], "'not an id'"),
         (["omru.cli.main", "status", "--tls-ca", missing], f"--tls-ca {missing!r}"),
+        (["services.registry.server", "--etcd-user", "registry"], "etcd user and password must be given together"),
+        (["services.registry.server", "--etcd-password-file", missing], f"etcd password file {missing!r} cannot be read"),
+        (["services.profiler.server", "--registry", "127.0.0.1:1", "--etcd-user", "a b", "--etcd-password-file",
+          str(ROOT / "README.md")], "etcd user 'a b'"),
     ]
     for argv, named in cases:
         done = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", *argv], capture_output=True, text=True, cwd=ROOT, timeout=60)
@@ -232,3 +236,56 @@ async def test_service_processes_with_the_deploy_flags_run_mutual_tls_end_to_end
     assert omru_status("--tls-cert", str(ours / "client.pem"), "--tls-key", str(ours / "client-key.pem")).returncode == 0
     refused = omru_status()  # no client certificate: refused in the handshake
     assert refused.returncode != 0 and "UNAVAILABLE" in refused.stderr, refused.stderr
+
+
+async def test_etcd_locked_serves_only_its_users_on_the_prefix_and_they_sign_in_again_after_a_restart(etcd):
+    """enable_auth (what `omru up` with credentials does): no request without a user's token, by aetcd or by
+    the JSON gateway; a service user reads and writes the prefix only, and keeps working, its watch included,
+    across an etcd restart (etcd forgets every token). A rerun on the same data needs the root password."""
+    from services.common.etcd import WatchBatch, enable_auth
+
+    await enable_auth(etcd.endpoint, "/omru/", "root-pw", {"registry": "reg-pw"})
+    status, body = etcd_http_range(etcd.endpoint)
+    assert status == 400 and "user name is empty" in body and "kvs" not in body
+    async with EtcdStore(etcd.endpoint, timeout=2.0) as anonymous:
+        with pytest.raises(EtcdUnavailable, match="user name is empty"):
+            await anonymous.list()
+        with pytest.raises(EtcdUnavailable):
+            await anonymous.put("x", b"1")
+    async with EtcdStore(etcd.endpoint, timeout=2.0, user="registry", password="wrong") as impostor:
+        with pytest.raises(EtcdUnavailable, match="authentication failed"):
+            await impostor.get("x")
+    async with EtcdStore(etcd.endpoint, "/other/", timeout=2.0, user="registry", password="reg-pw") as outside:
+        with pytest.raises(EtcdUnavailable, match="permission denied"):
+            await outside.put("x", b"1")
+    async with EtcdStore(etcd.endpoint, timeout=2.0, user="registry", password="reg-pw") as store:
+        await store.put("a", b"1")
+        assert (await store.create({"b": b"2"}, lease=await store.grant_lease(30))).succeeded
+        kvs, revision = await store.list()
+        assert [(kv.key, kv.value) for kv in kvs] == [("a", b"1"), ("b", b"2")]
+        changes = store.watch("", revision)
+        first = asyncio.ensure_future(changes.__anext__())
+        await store.put("a", b"3")
+        batch = await asyncio.wait_for(first, 10)
+        assert isinstance(batch, WatchBatch) and [(e.key, e.value) for e in batch.events] == [("a", b"3")]
+        await asyncio.to_thread(etcd.restart)  # every token gone
+        resumed = asyncio.ensure_future(changes.__anext__())
+        await asyncio.sleep(1.5)  # the watch reconnects on its own (its stale token refused, it signs in again)
+        async with EtcdStore(etcd.endpoint, timeout=2.0, user="registry", password="reg-pw") as other:
+            await other.put("c", b"4")
+        batch = await asyncio.wait_for(resumed, 20)
+        assert [(e.key, e.value) for e in batch.events] == [("c", b"4")]
+        await changes.aclose()
+        await store.put("d", b"5")  # and requests sign in again too
+        assert (await store.get("d")).value == b"5"
+    status, _ = etcd_http_range(etcd.endpoint)
+    assert status == 400  # still locked after the restart
+    with pytest.raises(EtcdUnavailable, match="sign in as root"):
+        await enable_auth(etcd.endpoint, "/omru/", "not-root-pw", {"registry": "x"})
+    await enable_auth(etcd.endpoint, "/omru/", "root-pw", {"registry": "new-pw", "planner": "pl-pw"})
+    for user, password in (("registry", "new-pw"), ("planner", "pl-pw")):
+        async with EtcdStore(etcd.endpoint, timeout=2.0, user=user, password=password) as store:
+            assert (await store.get("c")).value == b"4"
+    async with EtcdStore(etcd.endpoint, timeout=2.0, user="registry", password="reg-pw") as old:
+        with pytest.raises(EtcdUnavailable, match="authentication failed"):
+            await old.get("c")
