@@ -354,6 +354,21 @@ async def test_under_mutual_tls_a_node_certificate_acts_only_as_its_node(etcd, n
         await plan.stop(0)
 
 
+def test_only_a_node_certificate_names_a_node_and_under_mutual_tls_others_need_a_token():
+    """make-certs issues no shared executor certificate any more, and its old name is no node; under mutual TLS a
+    certificate that names no service or node (a user's) gets in only with a token, even with no token known."""
+    def who(cn: str, mutual_tls: bool, token: str = ""):
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        return authz.Authenticator({}, None, mutual_tls=mutual_tls).principal(metadata, {"x509_common_name": [cn.encode()]})
+
+    assert who("omru-executor-n1", True) == Principal(authz.NODE, "n1")
+    assert who("omru-planner", True) == Principal(authz.PLANNER, authz.PLANNER)
+    assert who("omru-executor", True) == who("omru-client", True) == "missing"
+    assert who("omru-client", True, token="tok-anything") == "wrong"
+    assert who("omru-client", False) == authz.OPEN  # no token, no mutual TLS: a single-user machine, open
+    assert not authz.permits(authz.allowed("/omru.v1.RegistryService/RegisterNode"), Principal(authz.NODE, "n1"), "n2")
+
+
 @pytest.mark.parametrize("text, named", [
     ("tok alice\n", "line 1: expected 'token name role', got 2 fields"),
     ("tok-a alice user\ntok-b bob root\n", "line 2: role 'root' is not one of"),
