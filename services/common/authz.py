@@ -37,9 +37,10 @@ import grpc
 from services.common.config import ConfigError, check_id
 
 ADMIN, USER, PLANNER, REGISTRY, PROFILER, NODE = "admin", "user", "planner", "registry", "profiler", "node"
+METRICS = "metrics"  # a scraper (Prometheus): reads /metrics, calls no RPC
 ANYONE = "anyone"  # auth off: a caller that may call everything
 #: Roles a tokens file may give (services get a token under `omru up`; a node's name is its node id).
-ROLES = (ADMIN, USER, PLANNER, REGISTRY, PROFILER, NODE)
+ROLES = (ADMIN, USER, PLANNER, REGISTRY, PROFILER, NODE, METRICS)
 #: In a row: the node the request's node_id names (a node only for itself).
 THIS_NODE = "this node"
 
@@ -61,7 +62,9 @@ OPEN = Principal(ANYONE, "")
 LEGACY_ADMIN = "admin"  # the name of the single legacy token's user
 
 USERS = (USER, ADMIN)
-EVERYONE = ROLES
+EVERYONE = (ADMIN, USER, PLANNER, REGISTRY, PROFILER, NODE)  # every caller of RPCs (a scraper is none)
+#: Who may read a service's /metrics (services/common/metrics.py): the one row outside gRPC.
+METRICS_READERS = (ADMIN, METRICS)
 
 #: service -> RPC -> who may call it. THIS_NODE: a node, for the node_id the request names.
 TABLE: dict[str, dict[str, tuple[str, ...]]] = {

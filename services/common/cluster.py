@@ -460,16 +460,16 @@ ETCD_USERS = ("registry", "profiler", "planner")
 
 
 def user_tokens(path: Path | None, admin_token: str | None) -> dict:
-    """token -> user principal: the users of the tokens file at path, and admin_token as user 'admin'
-    (ConfigError when the file gives that token to no admin, or names a service)."""
+    """token -> user principal: the users (and scrapers, role metrics) of the tokens file at path, and
+    admin_token as user 'admin' (ConfigError when the file gives that token to no admin, or names a service)."""
     from services.common import authz
     from services.common.config import ConfigError
 
     users = authz.read_tokens(path) if path is not None else {}
     for p in users.values():
-        if p.kind not in authz.USERS:
+        if p.kind not in (*authz.USERS, authz.METRICS):
             raise ConfigError(f"auth tokens file {str(path)!r} names a {p.kind} ({p.name!r}): under omru up, services "
-                              "get tokens of their own; the file lists users (admin, user)")
+                              "get tokens of their own; the file lists users (admin, user) and scrapers (metrics)")
     if admin_token:
         known = users.setdefault(admin_token, authz.Principal(authz.ADMIN, authz.LEGACY_ADMIN))
         if known.kind != authz.ADMIN:

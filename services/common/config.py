@@ -280,7 +280,8 @@ def add_server_args(parser: argparse.ArgumentParser, default_port: int = 0) -> N
     )
     parser.add_argument("--auth-tokens", type=Path,
                         help="file of the accepted bearer tokens, a line 'token name role' each (role: admin, user, "
-                             "or planner, registry, profiler, node for services; a node's name is its node id)")
+                             "metrics (a scraper: /metrics only), or planner, registry, profiler, node for services; "
+                             "a node's name is its node id)")
     parser.add_argument("--service-token-file", type=Path,
                         help=f"file holding the token this service sends as itself (else ${SERVICE_TOKEN_ENV})")
 

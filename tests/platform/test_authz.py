@@ -423,11 +423,11 @@ async def test_omru_up_gives_each_service_and_node_its_own_token_and_users_their
     from platform_helpers import alive, descendants
 
     users = tmp_path / "users"
-    users.write_text("tok-alice alice user\n")
+    users.write_text("tok-alice alice user\ntok-prom prometheus metrics\n")
     work = tmp_path / "work"
     env = dict(os.environ, OMP_NUM_THREADS="1", OMRU_AUTH_TOKEN="tok-root")
     proc = subprocess.Popen([sys.executable, "-m", "omru", "up", "--nodes", "2", "--slots-per-node", "1", "--port",
-                             str(free_port()), "--no-warm-workers", "--no-metrics", "--auth-tokens", str(users),
+                             str(free_port()), "--no-warm-workers", "--auth-tokens", str(users),
                              "--work-dir", str(work)],
                             stdout=subprocess.PIPE, stderr=open(tmp_path / "up.log", "wb"), text=True, env=env)
     try:
@@ -449,6 +449,21 @@ async def test_omru_up_gives_each_service_and_node_its_own_token_and_users_their
             status, body = etcd_http_range(ready["etcd"])
             assert status == 400 and "user name is empty" in body, (status, body)
             assert (work / "etcd-root-password").stat().st_mode & 0o077 == 0
+            # metrics: an admin's and the scraper's token read them, a user's does not
+            import urllib.error
+            import urllib.request
+
+            def scrape(token: str) -> int:
+                request = urllib.request.Request(f"http://{ready['metrics']['planner']}/metrics",
+                                                 headers={"Authorization": f"Bearer {token}"})
+                try:
+                    with urllib.request.urlopen(request, timeout=10) as reply:
+                        return reply.status
+                except urllib.error.HTTPError as exc:
+                    return exc.code
+
+            assert {t: await asyncio.to_thread(scrape, t) for t in ("tok-root", "tok-prom", "tok-alice", "nope")} == {
+                "tok-root": 200, "tok-prom": 200, "tok-alice": 403, "nope": 401}
             for user, password in ((None, None), ("registry", "tok-root"), ("alice", "tok-alice"), ("root", "tok-root")):
                 async with EtcdStore(ready["etcd"], timeout=2.0, user=user, password=password) as store:
                     with pytest.raises(EtcdUnavailable):
