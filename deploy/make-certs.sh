@@ -16,6 +16,10 @@
 # Server certificates name every HOST (and localhost, 127.0.0.1 for the health
 # probes); a node's names its node id as its host (name nodes by the address
 # or host name the head reaches them at: the compose files' default).
+# token is an admin's bearer token (the head's services); metrics-token a
+# scraper's (role metrics: reads /metrics, calls no RPC), for Prometheus, and
+# metrics.tokens the same as a tokens file line (--auth-tokens, every service
+# and node).
 # The CA keys go to OUT_DIR/private (only this script needs them: keep that
 # folder off every node). Keys and the token are mode 600. A rerun adds or
 # renews certificates with the same CAs.
@@ -63,5 +67,7 @@ for node in $nodes; do
 done
 rm -f ./*.srl
 [ -f token ] || openssl rand -hex 32 > token
-chmod 644 ./*.pem; chmod 600 ./*-key.pem private/* token
+[ -f metrics-token ] || openssl rand -hex 32 > metrics-token
+echo "$(cat metrics-token) prometheus metrics" > metrics.tokens
+chmod 644 ./*.pem; chmod 600 ./*-key.pem private/* token metrics-token metrics.tokens
 echo "certificates and token in $(pwd); CA keys in $(pwd)/private"

@@ -320,7 +320,8 @@ def test_make_certs_limits_each_certificate_to_its_use_and_gives_etcd_a_ca_of_it
     assert {f"executor-{NODE}.pem", "executor-gpu-b.pem"} <= issued
     assert not list(certs.glob("*ca-key.pem")) and {p.name for p in (certs / "private").iterdir()} == {
         "ca-key.pem", "etcd-ca-key.pem"}  # CA keys apart, in the folder no node gets
-    assert (certs / "private").stat().st_mode & 0o077 == 0 and (certs / "token").stat().st_mode & 0o077 == 0
+    assert (certs / "private").stat().st_mode & 0o077 == 0
+    assert all((certs / f).stat().st_mode & 0o077 == 0 for f in ("token", "metrics-token", "metrics.tokens"))
     for name in ("client", "etcd-registry", "etcd-profiler", "etcd-planner"):
         assert usages(certs / f"{name}.pem") == CLIENT_ONLY, name
         assert "Subject Alternative Name" not in x509(certs / f"{name}.pem"), name  # no host to serve
@@ -372,9 +373,23 @@ def test_a_gpu_node_mounts_the_ca_and_its_own_certificate_alone_and_no_token():
     executor = compose(DEPLOY / "gpu-node.compose.yml")["services"]["executor"]
     node_id = "${OMRU_NODE_ID:-${OMRU_NODE}}"
     assert sorted(cert_mounts(executor).values()) == sorted(["ca.pem", f"executor-{node_id}.pem",
-                                                             f"executor-{node_id}-key.pem"])
+                                                             f"executor-{node_id}-key.pem", "metrics.tokens"])
     assert f"--node-id {node_id}".replace("${OMRU_NODE}", "${OMRU_NODE:?set OMRU_NODE}") in command(executor)
-    assert "token" not in command(executor) and "OMRU_AUTH_TOKEN" not in str(executor.get("environment"))
+    assert "--auth-token-file" not in command(executor) and "OMRU_AUTH_TOKEN" not in str(executor.get("environment"))
+
+
+def test_the_scraper_token_is_of_the_metrics_role_and_prometheus_sends_it(certs):
+    from services.common import authz
+
+    (token, principal), = authz.read_tokens(certs / "metrics.tokens").items()
+    assert principal.kind == authz.METRICS and token == (certs / "metrics-token").read_text().strip()
+    assert token != (certs / "token").read_text().strip()
+    for job in yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]:
+        assert job["authorization"]["credentials_file"].endswith("/metrics-token"), job
+    for path in (DEPLOY / "head.compose.yml", DEPLOY / "gpu-node.compose.yml"):
+        for name, service in compose(path)["services"].items():
+            if "--metrics-port" in command(service):
+                assert "--auth-tokens /certs/metrics.tokens" in command(service), (path.name, name)
 
 
 def test_etcd_trusts_only_its_own_ca_in_every_compose_file():
