@@ -311,3 +311,43 @@ async def test_etcd_locked_serves_only_its_users_on_the_prefix_and_they_sign_in_
     async with EtcdStore(etcd.endpoint, timeout=2.0, user="registry", password="reg-pw") as old:
         with pytest.raises(EtcdUnavailable, match="authentication failed"):
             await old.get("c")
+
+
+async def test_a_locked_etcd_restarted_by_the_supervisor_stays_locked_and_the_services_sign_in_again(tmp_path):
+    """`omru up` with credentials: etcd killed and restarted by the supervisor forgets every token; the registry
+    writes and the planner follows the registry again (signing in anew), and etcd still refuses anyone."""
+    import signal
+
+    from omru.v1 import planner_pb2, planner_pb2_grpc
+    from services.common.cluster import LocalCluster
+
+    users = tmp_path / "users"
+    users.write_text("tok-root root admin\n")
+    cluster = LocalCluster(nodes=1, slots_per_node=1, planner_port=0, work_dir=tmp_path / "up", metrics=False,
+                           warm_workers=False, auth_tokens=users)
+    await asyncio.to_thread(cluster.start)
+    try:
+        supervisor = cluster.supervisor()
+        cluster.etcd.proc.send_signal(signal.SIGKILL)
+        events = []
+        for _ in range(200):
+            events += await asyncio.to_thread(supervisor.step)
+            if any(e.get("restarted") == "etcd" for e in events):
+                break
+            await asyncio.sleep(0.05)
+        assert [e["restarted"] for e in events] == ["etcd"], events
+        assert etcd_http_range(cluster.etcd_endpoint)[0] == 400
+        planner_token = cluster.service_tokens["planner"]  # (the planner may register any node)
+        async with open_channel(cluster.service("registry").address, token=planner_token) as registry, \
+                open_channel(cluster.service("planner").address, token="tok-root") as planner:
+            await registry_pb2_grpc.RegistryServiceStub(registry).RegisterNode(register_request("n-new", slots=1),
+                                                                              timeout=10)
+            report = planner_pb2_grpc.PlannerServiceStub(planner)
+            for _ in range(150):  # the registry wrote it; its etcd watch streams it to the planner
+                if (await report.GetReport(planner_pb2.GetReportRequest(), timeout=5)).report.gpus == 2:
+                    break
+                await asyncio.sleep(0.2)
+            assert (await report.GetReport(planner_pb2.GetReportRequest(), timeout=5)).report.gpus == 2
+        assert supervisor.step() == []  # nothing else exited
+    finally:
+        await asyncio.to_thread(cluster.stop)
