@@ -686,8 +686,10 @@ async def enable_auth(endpoint: str, prefix: str, root_password: str, users: Map
             except grpc.aio.AioRpcError as exc:
                 if "authentication is not enabled" not in (exc.details() or ""):
                     raise
-            steps = [] if metadata else [("add user root", auth.UserAdd, rpc.AuthUserAddRequest(name="root", password=root_password)),
-                                         ("grant root its role", auth.UserGrantRole, rpc.AuthUserGrantRoleRequest(user="root", role="root"))]
+            steps = [] if metadata else [
+                ("add user root", auth.UserAdd, rpc.AuthUserAddRequest(name="root", password=root_password)),
+                ("grant root its role", auth.UserGrantRole, rpc.AuthUserGrantRoleRequest(user="root", role="root")),
+            ]
             steps += [
                 (f"add role {SERVICE_ROLE}", auth.RoleAdd, rpc.AuthRoleAddRequest(name=SERVICE_ROLE)),
                 (f"grant {SERVICE_ROLE} {prefix}", auth.RoleGrantPermission, rpc.AuthRoleGrantPermissionRequest(
@@ -704,7 +706,7 @@ async def enable_auth(endpoint: str, prefix: str, root_password: str, users: Map
                 except grpc.aio.AioRpcError as exc:
                     if "already exists" not in (exc.details() or ""):
                         raise
-                    if call == auth.UserAdd:  # a user of an earlier run: this run's password
+                    if isinstance(request, rpc.AuthUserAddRequest):  # a user of an earlier run: this run's password
                         await auth.UserChangePassword(rpc.AuthUserChangePasswordRequest(
                             name=request.name, password=request.password), timeout=timeout, metadata=metadata)
             if metadata is None:
