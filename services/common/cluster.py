@@ -19,6 +19,7 @@ backoff and a `RestartPolicy` limit past which it gives up.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -618,8 +619,10 @@ class LocalCluster:
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32))
         self.etcd_passwords = {name: secrets.token_hex(32) for name in ETCD_USERS}
-        try:
-            asyncio.run(enable_auth(self.etcd_endpoint, "/omru/", path.read_text().strip(), self.etcd_passwords))
+        lock = enable_auth(self.etcd_endpoint, "/omru/", path.read_text().strip(), self.etcd_passwords)
+        try:  # on a thread of its own: start() may be called where an event loop runs
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pool.submit(asyncio.run, lock).result()
         except EtcdUnavailable as exc:
             raise LaunchError(f"{exc} (root password from {path})") from exc
 
