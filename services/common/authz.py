@@ -4,8 +4,9 @@ A caller is a `Principal`: a user (role user or admin), a service (planner,
 registry, profiler) or the executor of one node. It is named by
 
 - its certificate under mutual TLS: CN omru-planner, omru-registry,
-  omru-profiler, omru-executor-<node> (deploy/make-certs.sh); the legacy
-  shared omru-executor certificate is a node that may act for any node;
+  omru-profiler, omru-executor-<node> (deploy/make-certs.sh; a node's
+  certificate acts for that node only, and no certificate acts for every
+  node);
 - else its bearer token: the tokens file (`read_tokens`, lines
   "token name role") or the single legacy token (--auth-token-file,
   $OMRU_AUTH_TOKEN), which is an admin user's ("admin").
@@ -15,8 +16,10 @@ registry, profiler) or the executor of one node. It is named by
 token is UNAUTHENTICATED, a principal the row does not name is
 PERMISSION_DENIED (naming the method and the principal). Health is open.
 With no token configured and no mutual TLS, every caller may call
-everything (a single-user machine); under mutual TLS with no token, a
-certificate naming no service is let through likewise. What depends on a
+everything (a single-user machine); under mutual TLS a certificate naming
+no service or node (a user's, omru-client) needs a token like any other
+caller, so a server given no token (a GPU node's executor) answers only the
+services and nodes. What depends on a
 job (cancel, logs: the owner or an admin) is checked by the planner with
 `caller()` and `may_act_on`.
 """
@@ -34,9 +37,10 @@ import grpc
 from services.common.config import ConfigError, check_id
 
 ADMIN, USER, PLANNER, REGISTRY, PROFILER, NODE = "admin", "user", "planner", "registry", "profiler", "node"
+METRICS = "metrics"  # a scraper (Prometheus): reads /metrics, calls no RPC
 ANYONE = "anyone"  # auth off: a caller that may call everything
 #: Roles a tokens file may give (services get a token under `omru up`; a node's name is its node id).
-ROLES = (ADMIN, USER, PLANNER, REGISTRY, PROFILER, NODE)
+ROLES = (ADMIN, USER, PLANNER, REGISTRY, PROFILER, NODE, METRICS)
 #: In a row: the node the request's node_id names (a node only for itself).
 THIS_NODE = "this node"
 
@@ -45,13 +49,12 @@ THIS_NODE = "this node"
 class Principal:
     kind: str  # one of ROLES, or ANYONE
     name: str  # user name, service name, or node id
-    any_node: bool = False  # a node credential shared by every node (the legacy omru-executor certificate)
 
     def __str__(self) -> str:
         if self.kind in (USER, ADMIN):
             return f"{self.kind} {self.name!r}"
         if self.kind == NODE:
-            return "the shared executor certificate" if self.any_node else f"node {self.name!r}"
+            return f"node {self.name!r}"
         return self.kind
 
 
@@ -59,7 +62,9 @@ OPEN = Principal(ANYONE, "")
 LEGACY_ADMIN = "admin"  # the name of the single legacy token's user
 
 USERS = (USER, ADMIN)
-EVERYONE = ROLES
+EVERYONE = (ADMIN, USER, PLANNER, REGISTRY, PROFILER, NODE)  # every caller of RPCs (a scraper is none)
+#: Who may read a service's /metrics (services/common/metrics.py): the one row outside gRPC.
+METRICS_READERS = (ADMIN, METRICS)
 
 #: service -> RPC -> who may call it. THIS_NODE: a node, for the node_id the request names.
 TABLE: dict[str, dict[str, tuple[str, ...]]] = {
@@ -100,7 +105,6 @@ PUBLIC = ("grpc.health.v1.Health",)
 #: Certificate common names of the services (deploy/make-certs.sh).
 SERVICE_CNS = {"omru-planner": PLANNER, "omru-registry": REGISTRY, "omru-profiler": PROFILER}
 NODE_CN_PREFIX = "omru-executor-"
-SHARED_NODE_CN = "omru-executor"
 
 
 def allowed(method: str) -> tuple[str, ...] | None:
@@ -113,7 +117,7 @@ def permits(row: tuple[str, ...], p: Principal, node_id: str | None = None) -> b
     """Whether p may make a call of the row (node_id: the node the request names, where it names one)."""
     if p.kind == ANYONE or p.kind in row:
         return True
-    return THIS_NODE in row and p.kind == NODE and (p.any_node or (node_id is not None and node_id == p.name))
+    return THIS_NODE in row and p.kind == NODE and node_id is not None and node_id == p.name
 
 
 def may_act_on(p: Principal, owner: str) -> bool:
@@ -194,11 +198,13 @@ def format_tokens(tokens: Mapping[str, Principal]) -> str:
 class Authenticator:
     """Names the principal of a call from its peer certificate and bearer token."""
 
-    def __init__(self, tokens: Mapping[str, Principal] = {}, legacy_token: str | None = None) -> None:
+    def __init__(self, tokens: Mapping[str, Principal] = {}, legacy_token: str | None = None,
+                 mutual_tls: bool = False) -> None:
         self._by_digest = {_digest(t): p for t, p in tokens.items()}
         if legacy_token:
             self._by_digest.setdefault(_digest(legacy_token), Principal(ADMIN, LEGACY_ADMIN))
-        self.enforcing = bool(self._by_digest)  # without tokens, a caller no certificate names is OPEN
+        # without tokens and without mutual TLS, a caller is OPEN; with either, it must be named
+        self.enforcing = bool(self._by_digest) or mutual_tls
 
     def principal(self, metadata, auth_context: Mapping) -> Principal | str:
         """The caller's principal, or why there is none ("missing", "wrong")."""
@@ -206,8 +212,6 @@ class Authenticator:
         cn = cns[0].decode(errors="replace") if cns else ""
         if cn in SERVICE_CNS:
             return Principal(SERVICE_CNS[cn], SERVICE_CNS[cn])
-        if cn == SHARED_NODE_CN:
-            return Principal(NODE, "", any_node=True)
         if cn.startswith(NODE_CN_PREFIX) and len(cn) > len(NODE_CN_PREFIX):
             return Principal(NODE, cn[len(NODE_CN_PREFIX):])
         sent = dict(metadata or ()).get("authorization", "")

@@ -9,6 +9,9 @@ the profiler, planner and N executors in parallel (planner and executors
 with the same checkpoint root, <work_dir>/checkpoints), and stops all of them
 (process groups, SIGTERM then SIGKILL) on exit; with die_with_parent,
 children also get SIGTERM when the launcher dies (Linux parent-death signal).
+With auth (users' tokens), a LocalCluster that starts etcd locks it (etcd's own
+authentication): the registry, profiler and planner sign in as etcd users of
+their own with passwords generated for the run; nobody else gets in.
 `Supervisor` (what `LocalCluster.supervise`, i.e. `omru up`, runs) restarts a
 child that exits, on the same argv, port and log file, with a doubling
 backoff and a `RestartPolicy` limit past which it gives up.
@@ -16,6 +19,7 @@ backoff and a `RestartPolicy` limit past which it gives up.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Mapping, Sequence
 
-from services.common.config import SERVICE_TOKEN_ENV, TOKEN_ENV, check_token
+from services.common.config import ETCD_PASSWORD_ENV, SERVICE_TOKEN_ENV, TOKEN_ENV, check_token
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -450,19 +454,23 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 #: The run's tokens file under the work dir (`LocalCluster` with auth).
 TOKENS_FILE = "auth-tokens"
+#: etcd's root password under the work dir (`LocalCluster` with auth): a rerun on the same etcd data signs in with it.
+ETCD_ROOT_FILE = "etcd-root-password"
+#: The services that reach etcd: each its own etcd user (of the same name) when etcd is locked.
+ETCD_USERS = ("registry", "profiler", "planner")
 
 
 def user_tokens(path: Path | None, admin_token: str | None) -> dict:
-    """token -> user principal: the users of the tokens file at path, and admin_token as user 'admin'
-    (ConfigError when the file gives that token to no admin, or names a service)."""
+    """token -> user principal: the users (and scrapers, role metrics) of the tokens file at path, and
+    admin_token as user 'admin' (ConfigError when the file gives that token to no admin, or names a service)."""
     from services.common import authz
     from services.common.config import ConfigError
 
     users = authz.read_tokens(path) if path is not None else {}
     for p in users.values():
-        if p.kind not in authz.USERS:
+        if p.kind not in (*authz.USERS, authz.METRICS):
             raise ConfigError(f"auth tokens file {str(path)!r} names a {p.kind} ({p.name!r}): under omru up, services "
-                              "get tokens of their own; the file lists users (admin, user)")
+                              "get tokens of their own; the file lists users (admin, user) and scrapers (metrics)")
     if admin_token:
         known = users.setdefault(admin_token, authz.Principal(authz.ADMIN, authz.LEGACY_ADMIN))
         if known.kind != authz.ADMIN:
@@ -508,6 +516,7 @@ class LocalCluster:
         self.auth_token = auth_token  # an admin user's token ($OMRU_AUTH_TOKEN)
         self.users = user_tokens(auth_tokens, auth_token)  # token -> user principal (--auth-tokens)
         self.service_tokens: dict[str, str] = {}  # service name -> its token for this run (with auth)
+        self.etcd_passwords: dict[str, str] = {}  # service name -> its etcd user's password (etcd locked)
         self.ready_timeout = ready_timeout
         self.log_to_files = log_to_files
         self.warm_workers = warm_workers  # executors keep a worker with torch imported per slot
@@ -532,7 +541,12 @@ class LocalCluster:
         if self.users:  # each service sends its own token; every one accepts the run's tokens file
             extra[SERVICE_TOKEN_ENV] = self.service_tokens[name]
             auth = ("--auth-tokens", str(self.work_dir / TOKENS_FILE))
+        if name in self.etcd_passwords:  # the password by environment, as the service token; the user by flag
+            extra[ETCD_PASSWORD_ENV] = self.etcd_passwords[name]
+            args = (*args, "--etcd-user", name)
         env = child_env(extra)
+        if name not in self.etcd_passwords:  # (only --etcd-user reads it, yet no child needs a stray one)
+            env.pop(ETCD_PASSWORD_ENV, None)
         if not self.users:  # no auth asked for: tokens in our own environment must not turn it on in part
             for variable in (TOKEN_ENV, SERVICE_TOKEN_ENV):
                 env.pop(variable, None)
@@ -550,6 +564,8 @@ class LocalCluster:
                 log = self.work_dir / "logs" / "etcd.log" if self.log_to_files else None
                 self.etcd = EtcdProcess(self.work_dir / "etcd", log_file=log, die_with_parent=self.die_with_parent).start()
                 self.etcd_endpoint = self.etcd.endpoint
+                if self.users:
+                    self._lock_etcd()
             registry = self._service("registry", "registry", "--port", "0", "--etcd", self.etcd_endpoint)
             wait_ready([registry], self.ready_timeout)
             profiler = self._service("profiler", "profiler", "--port", "0", "--etcd", self.etcd_endpoint, "--registry", registry.address)
@@ -589,6 +605,26 @@ class LocalCluster:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(authz.format_tokens(table))
+
+    def _lock_etcd(self) -> None:
+        """etcd's own authentication on: root (its password kept in the work dir, mode 600, for a rerun on
+        this data) and one user per service that reaches etcd, with a fresh password each."""
+        import asyncio
+
+        from services.common.etcd import EtcdUnavailable, enable_auth
+
+        path = self.work_dir / ETCD_ROOT_FILE
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+        self.etcd_passwords = {name: secrets.token_hex(32) for name in ETCD_USERS}
+        lock = enable_auth(self.etcd_endpoint, "/omru/", path.read_text().strip(), self.etcd_passwords)
+        try:  # on a thread of its own: start() may be called where an event loop runs
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pool.submit(asyncio.run, lock).result()
+        except EtcdUnavailable as exc:
+            raise LaunchError(f"{exc} (root password from {path})") from exc
 
     def service(self, name: str) -> ServiceProcess:
         return next(s for s in self.services if s.name == name)

@@ -20,6 +20,8 @@ from typing import Any, Mapping
 TOKEN_ENV = "OMRU_AUTH_TOKEN"
 #: Environment variable holding the token a service sends as itself (`omru up` sets it per service).
 SERVICE_TOKEN_ENV = "OMRU_SERVICE_TOKEN"
+#: Environment variable holding the password of the service's etcd user (`omru up` sets it per service).
+ETCD_PASSWORD_ENV = "OMRU_ETCD_PASSWORD"
 #: Environment variable listing, colon-separated, the folders a node's data sets may come from.
 DATA_ROOTS_ENV = "OMRU_DATA_ROOTS"
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -150,9 +152,17 @@ class EtcdConfig:
     prefix: str = "/omru/"
     timeout_seconds: float = 2.0
     tls: TlsConfig | None = None  # https to etcd (ca_file; cert/key for --client-cert-auth)
+    user: str | None = None  # etcd's own authentication: this user, signed in with password (both or neither)
+    password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_endpoint("etcd endpoint", self.endpoint)
+        if (self.user is None) != (self.password is None):
+            raise ConfigError("etcd user and password must be given together (--etcd-user, and "
+                              f"--etcd-password-file or ${ETCD_PASSWORD_ENV})")
+        if self.user is not None:
+            check_id("etcd user", self.user)
+            check_token("etcd password", self.password)
         if not self.prefix.startswith("/") or not self.prefix.endswith("/"):
             raise ConfigError(f"etcd prefix {self.prefix!r} must start and end with '/'")
         if not self.timeout_seconds > 0:
@@ -270,7 +280,8 @@ def add_server_args(parser: argparse.ArgumentParser, default_port: int = 0) -> N
     )
     parser.add_argument("--auth-tokens", type=Path,
                         help="file of the accepted bearer tokens, a line 'token name role' each (role: admin, user, "
-                             "or planner, registry, profiler, node for services; a node's name is its node id)")
+                             "metrics (a scraper: /metrics only), or planner, registry, profiler, node for services; "
+                             "a node's name is its node id)")
     parser.add_argument("--service-token-file", type=Path,
                         help=f"file holding the token this service sends as itself (else ${SERVICE_TOKEN_ENV})")
 
@@ -289,6 +300,9 @@ def add_etcd_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--etcd-ca", type=Path, help="PEM CA bundle of etcd's certificate (reach etcd over TLS)")
     parser.add_argument("--etcd-cert", type=Path, help="PEM client certificate for etcd (--client-cert-auth)")
     parser.add_argument("--etcd-key", type=Path, help="PEM private key of --etcd-cert")
+    parser.add_argument("--etcd-user", help="etcd user this service signs in as (etcd's own authentication; "
+                                            f"its password from --etcd-password-file, else ${ETCD_PASSWORD_ENV})")
+    parser.add_argument("--etcd-password-file", type=Path, help="file holding the password of --etcd-user")
 
 
 def tls_config(cert: Path | None, key: Path | None, ca: Path | None, flags: str = "--tls") -> TlsConfig | None:
@@ -326,7 +340,10 @@ def server_config_from_args(args: argparse.Namespace, env: Mapping[str, str]) ->
                         service_token=read_token(args, env, "service_token_file", SERVICE_TOKEN_ENV))
 
 
-def etcd_config_from_args(args: argparse.Namespace) -> EtcdConfig:
-    """EtcdConfig from add_etcd_args options."""
+def etcd_config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> EtcdConfig:
+    """EtcdConfig from add_etcd_args options and the environment (the etcd password)."""
     tls = tls_config(args.etcd_cert, args.etcd_key, args.etcd_ca, "--etcd")
-    return EtcdConfig(endpoint=args.etcd, prefix=args.etcd_prefix, tls=tls)
+    password = read_token(args, env, "etcd_password_file", ETCD_PASSWORD_ENV)
+    if args.etcd_user is None and password is not None and args.etcd_password_file is None:
+        password = None  # a stray $OMRU_ETCD_PASSWORD without --etcd-user: no etcd user asked for
+    return EtcdConfig(endpoint=args.etcd, prefix=args.etcd_prefix, tls=tls, user=args.etcd_user, password=password)

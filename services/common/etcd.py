@@ -7,7 +7,11 @@ and re-lists when that revision is compacted). Keys are given and returned
 relative to the prefix. Every etcd outage surfaces as `EtcdUnavailable`,
 which servicers map to UNAVAILABLE. With a `TlsConfig` etcd is reached over
 TLS (its certificate verified against the CA, the own certificate presented
-when etcd runs with --client-cert-auth).
+when etcd runs with --client-cert-auth). With a user and password the store
+signs in to etcd's own authentication before its first request, and again
+when etcd refuses the token (etcd forgets tokens when it restarts, and after
+--auth-token-ttl unused); `enable_auth` turns that authentication on (what
+`omru up` with credentials does).
 
 `Election` is etcd's leader election (its concurrency package): a candidate
 holds a key under its own kept-alive lease. `EtcdStore.fenced` gives a view of
@@ -107,39 +111,83 @@ class TxnResult:
     existing: tuple[Kv, ...] = ()
 
 
-class _TlsClient(aetcd.Client):
-    """aetcd.Client over TLS (aetcd 1.0 itself opens plaintext channels only)."""
+class _Watcher(watcher.Watcher):
+    """aetcd's watcher, but a watch etcd refuses at its creation (created and canceled at once: the stream's
+    auth token is no longer valid) raises instead of waiting for events that never come."""
 
-    def __init__(self, credentials: grpc.ChannelCredentials, **kwargs) -> None:
+    async def _handle_response(self, response):
+        if response.created and response.canceled:
+            async with self._lock:
+                if self._new_callback is not None:
+                    self._new_callback.error = aetcd_errors.ClientError(f"watch refused: {response.cancel_reason}")
+                    self._new_callback_ready.notify_all()
+            return
+        await super()._handle_response(response)
+
+
+class _Client(aetcd.Client):
+    """aetcd.Client over TLS when credentials are given (aetcd 1.0 itself opens plaintext channels only),
+    signed in (`sign_in`) when a user is given. The channel opens without reaching etcd; the store signs in
+    before its first request and again when etcd no longer knows the token (see EtcdStore._call)."""
+
+    def __init__(self, credentials: grpc.ChannelCredentials | None, **kwargs) -> None:
         super().__init__(**kwargs)
         self._credentials = credentials
+        self._signing_in = asyncio.Lock()
+
+    @property
+    def signs_in(self) -> bool:
+        return self._username is not None
 
     async def connect(self) -> None:
-        # aetcd's connect with a secure channel; nothing awaits, so no other task interleaves
+        # aetcd's connect, with a secure channel and without signing in; nothing awaits, so no other task interleaves
         if self._connected.is_set():
             return
-        self.channel = rpc.secure_channel(f"{self._host}:{self._port}", self._credentials, options=self._options.items())
+        target = f"{self._host}:{self._port}"
+        options = self._options.items()
+        self.channel = (rpc.insecure_channel(target, options=options) if self._credentials is None
+                        else rpc.secure_channel(target, self._credentials, options=options))
         self.kvstub = rpc.KVStub(self.channel)
         self.clusterstub = rpc.ClusterStub(self.channel)
         self.leasestub = rpc.LeaseStub(self.channel)
         self.maintenancestub = rpc.MaintenanceStub(self.channel)
-        self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata)
+        self.auth_stub = rpc.AuthStub(self.channel)
+        self._watcher = _Watcher(rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata)
         self._connected.set()
+
+    async def sign_in(self, stale=None) -> None:
+        """A fresh token for every request from now on (the watch stream reopens with it); with stale (the
+        metadata a refused request carried), only when no other task signed in since."""
+        async with self._signing_in:
+            if stale is not None and self.metadata != stale:
+                return
+            reply = await self.auth_stub.Authenticate(
+                rpc.AuthenticateRequest(name=self._username, password=self._password), timeout=self._timeout)
+            self.metadata = (("token", reply.token),)
+            self._watcher._metadata = self.metadata  # noqa: SLF001 (aetcd reads it when it opens a stream)
+            await self._watcher._terminate_stream(None)  # noqa: SLF001 (its watches resume on the new stream)
+
+
+def _token_refused(exc: BaseException) -> bool:
+    """Whether etcd refused a request for its token (unknown to it: restarted, or idle past --auth-token-ttl)."""
+    if isinstance(exc, aetcd_errors.ClientError) and isinstance(exc.__cause__, grpc.aio.AioRpcError):
+        exc = exc.__cause__
+    text = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+    return "invalid auth token" in (text or "")
 
 
 class EtcdStore:
     """Keys under one prefix of one etcd endpoint (over TLS when tls is given)."""
 
-    def __init__(self, endpoint: str, prefix: str = "/omru/", timeout: float = 2.0, tls: TlsConfig | None = None) -> None:
+    def __init__(self, endpoint: str, prefix: str = "/omru/", timeout: float = 2.0, tls: TlsConfig | None = None,
+                 user: str | None = None, password: str | None = None) -> None:
         host, _, port = endpoint.rpartition(":")
         self.endpoint = endpoint
         self.prefix = prefix
         self.timeout = timeout
-        options = dict(host=host, port=int(port), timeout=timeout, options=dict(_CHANNEL_OPTIONS), connect_wait_timeout=timeout)
-        if tls is None:
-            self._client = aetcd.Client(**options)
-        else:
-            self._client = _TlsClient(channel_credentials(tls), **options)
+        self._client = _Client(None if tls is None else channel_credentials(tls), host=host, port=int(port),
+                               username=user, password=password, timeout=timeout, options=dict(_CHANNEL_OPTIONS),
+                               connect_wait_timeout=timeout)
         #: (operation, error kind) -> failed calls (views from `fenced` share it); services/common/metrics.py
         self.errors: collections.Counter[tuple[str, str]] = collections.Counter()
         self._fence: tuple[bytes, int] | None = None  # (key, its create revision) every write requires
@@ -154,7 +202,7 @@ class EtcdStore:
     @classmethod
     def from_config(cls, config: EtcdConfig) -> "EtcdStore":
         """The store an EtcdConfig describes."""
-        return cls(config.endpoint, config.prefix, config.timeout_seconds, config.tls)
+        return cls(config.endpoint, config.prefix, config.timeout_seconds, config.tls, config.user, config.password)
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -194,7 +242,7 @@ class EtcdStore:
     async def get(self, key: str) -> Kv | None:
         """The key, or None."""
         with self._errors("get", f"get {key}"):
-            result = await self._client.get(self._key(key))
+            result = await self._call(lambda: self._client.get(self._key(key)))
         return None if result is None else self._kv(result)
 
     async def list(self, prefix: str = "") -> tuple[list[Kv], int]:
@@ -212,7 +260,8 @@ class EtcdStore:
             while True:
                 request = rpc.RangeRequest(key=start, range_end=end, sort_order=rpc.RangeRequest.ASCEND,
                                            limit=LIST_PAGE, revision=revision)
-                response = await self._client.kvstub.Range(request, timeout=self.timeout)
+                response = await self._call(lambda: self._client.kvstub.Range(request, timeout=self.timeout,
+                                                                              metadata=self._client.metadata))
                 revision = revision or response.header.revision
                 out.extend(self._kv(kv) for kv in response.kvs)
                 if not response.more or not response.kvs:
@@ -222,8 +271,9 @@ class EtcdStore:
     async def revision(self) -> int:
         """The current revision of the store."""
         with self._errors("revision", "revision"):
-            await self._client.connect()
-            response = await self._client.kvstub.Range(rpc.RangeRequest(key=self._key(""), count_only=True), timeout=self.timeout)
+            request = rpc.RangeRequest(key=self._key(""), count_only=True)
+            response = await self._call(lambda: self._client.kvstub.Range(request, timeout=self.timeout,
+                                                                          metadata=self._client.metadata))
         return response.header.revision
 
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:
@@ -288,6 +338,24 @@ class EtcdStore:
         response = await self._txn(compare, success, [], f"delete {key}", "delete")
         return TxnResult(response.succeeded, response.header.revision)
 
+    async def _call(self, request):
+        """await request() (an etcd call reading the client's metadata when made), signed in first when this
+        store has a user and is not signed in yet, and once more after signing in again when etcd no longer
+        knows the token (it forgets tokens when it restarts, and after --auth-token-ttl seconds unused)."""
+        await self._client.connect()
+        if not self._client.signs_in:
+            return await request()
+        if self._client.metadata is None:
+            await self._client.sign_in(stale=None)
+        sent = self._client.metadata
+        try:
+            return await request()
+        except (grpc.aio.AioRpcError, aetcd_errors.ClientError) as exc:
+            if not _token_refused(exc):
+                raise
+        await self._client.sign_in(stale=sent)
+        return await request()
+
     async def _txn(self, compare, success, failure, what: str, op: str):
         if self._fence is not None:
             key, revision = self._fence
@@ -296,8 +364,8 @@ class EtcdStore:
             failure = [*failure, rpc.RequestOp(request_range=rpc.RangeRequest(key=key))]
         request = rpc.TxnRequest(compare=compare, success=success, failure=failure)
         with self._errors(op, what):
-            await self._client.connect()
-            response = await self._client.kvstub.Txn(request, timeout=self.timeout)
+            response = await self._call(lambda: self._client.kvstub.Txn(request, timeout=self.timeout,
+                                                                        metadata=self._client.metadata))
         if self._fence is not None and not response.succeeded:
             held = response.responses[-1].response_range.kvs
             if not held or held[0].create_revision != self._fence[1]:
@@ -311,7 +379,7 @@ class EtcdStore:
     async def grant_lease(self, ttl_seconds: int) -> int:
         """A new lease of ttl_seconds; returns its id."""
         with self._errors("grant_lease", "grant lease"):
-            lease = await self._client.lease(ttl_seconds)
+            lease = await self._call(lambda: self._client.lease(ttl_seconds))
         return lease.id
 
     async def refresh_lease(self, lease_id: int) -> int:
@@ -329,7 +397,7 @@ class EtcdStore:
         """Revoke the lease (its keys vanish); False when it was already gone."""
         try:
             with self._errors("revoke_lease", f"revoke lease {lease_id}"):
-                await self._client.revoke_lease(lease_id)
+                await self._call(lambda: self._client.revoke_lease(lease_id))
         except LeaseNotFound:
             return False
         return True
@@ -349,13 +417,11 @@ class EtcdStore:
         while True:
             queue: asyncio.Queue = asyncio.Queue()
             try:
-                with self._errors("watch", "connect"):
-                    await self._client.connect()
                 # The raw callback sees each etcd response's events together,
                 # so a revision is never split across batches.
-                callback = await self._client._watcher.add_callback(  # noqa: SLF001
-                    full, queue.put, range_end=prefix_range_end(full), start_revision=last + 1, prev_kv=True
-                )
+                with self._errors("watch", "connect"):
+                    callback = await self._call(lambda: self._client._watcher.add_callback(  # noqa: SLF001
+                        full, queue.put, range_end=prefix_range_end(full), start_revision=last + 1, prev_kv=True))
                 backoff = 0.05
                 try:
                     async for batch in self._batches(queue):
@@ -594,3 +660,57 @@ class Election:
         if lease:
             with contextlib.suppress(Exception):
                 await self.store.revoke_lease(lease)
+
+
+#: The etcd role of OMRU's services (`enable_auth`): read and write the keys under the prefix, nothing else.
+SERVICE_ROLE = "omru-service"
+
+
+async def enable_auth(endpoint: str, prefix: str, root_password: str, users: Mapping[str, str],
+                      timeout: float = 10.0) -> None:
+    """Turn on etcd's own authentication at endpoint (plaintext): user root with root_password, and each of
+    `users` (name -> password) with read and write on the keys under prefix only. From then on etcd serves
+    no request without a user's token (its /health stays open). On data where auth is on already (an earlier
+    run), it signs in as root with root_password and sets the users' passwords anew.
+
+    EtcdUnavailable when etcd cannot be reached or refuses (root_password not the one it has, for one)."""
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        auth = rpc.AuthStub(channel)
+        metadata = None
+        step = "sign in as root"
+        try:
+            try:
+                reply = await auth.Authenticate(rpc.AuthenticateRequest(name="root", password=root_password),
+                                                timeout=timeout)
+                metadata = (("token", reply.token),)
+            except grpc.aio.AioRpcError as exc:
+                if "authentication is not enabled" not in (exc.details() or ""):
+                    raise
+            steps = [] if metadata else [
+                ("add user root", auth.UserAdd, rpc.AuthUserAddRequest(name="root", password=root_password)),
+                ("grant root its role", auth.UserGrantRole, rpc.AuthUserGrantRoleRequest(user="root", role="root")),
+            ]
+            steps += [
+                (f"add role {SERVICE_ROLE}", auth.RoleAdd, rpc.AuthRoleAddRequest(name=SERVICE_ROLE)),
+                (f"grant {SERVICE_ROLE} {prefix}", auth.RoleGrantPermission, rpc.AuthRoleGrantPermissionRequest(
+                    name=SERVICE_ROLE, perm=rpc.Permission(permType=rpc.Permission.READWRITE, key=prefix.encode(),
+                                                           range_end=prefix_range_end(prefix.encode())))),
+            ]
+            for name, password in users.items():
+                steps += [(f"add user {name}", auth.UserAdd, rpc.AuthUserAddRequest(name=name, password=password)),
+                          (f"grant {name} {SERVICE_ROLE}", auth.UserGrantRole,
+                           rpc.AuthUserGrantRoleRequest(user=name, role=SERVICE_ROLE))]
+            for step, call, request in steps:
+                try:
+                    await call(request, timeout=timeout, metadata=metadata)
+                except grpc.aio.AioRpcError as exc:
+                    if "already exists" not in (exc.details() or ""):
+                        raise
+                    if isinstance(request, rpc.AuthUserAddRequest):  # a user of an earlier run: this run's password
+                        await auth.UserChangePassword(rpc.AuthUserChangePasswordRequest(
+                            name=request.name, password=request.password), timeout=timeout, metadata=metadata)
+            if metadata is None:
+                step = "enable auth"
+                await auth.AuthEnable(rpc.AuthEnableRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise EtcdUnavailable(f"etcd at {endpoint}: cannot {step}: {exc.code().name} {exc.details()}") from exc

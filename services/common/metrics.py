@@ -4,9 +4,11 @@ Every service serves its metrics when started with ``--metrics-port PORT`` (0: a
 bound address is the ``metrics`` entry of its ready line; absent: no metrics server). `start_metrics`
 starts a `MetricsServer` next to the gRPC server, on the same ``--host``, and stops it first when
 the service stops. The server speaks what the gRPC server does: with ``--tls-cert`` HTTPS with that
-certificate (with ``--tls-ca`` only to clients presenting a certificate that CA signed), and with a
-bearer token (``--auth-token-file``, ``$OMRU_AUTH_TOKEN``) it answers only requests that send
-``Authorization: Bearer <token>`` (Prometheus: ``authorization: {credentials_file: ...}``).
+certificate (with ``--tls-ca`` only to clients presenting a certificate that CA signed), and when the
+service knows tokens (``--auth-token-file``, ``$OMRU_AUTH_TOKEN``, ``--auth-tokens``) it answers only
+requests that send ``Authorization: Bearer <token>`` (Prometheus: ``authorization: {credentials_file:
+...}``) with the token of an admin or of the ``metrics`` role (`authz.METRICS_READERS`; a scraper's
+token of that role reads metrics and calls no RPC): 401 without a known token, 403 for another role.
 
 Each service has its own `CollectorRegistry` (several services in one process do not collide), and
 its families are named ``omru_*``. Most are read from the service's live state when scraped
@@ -18,18 +20,18 @@ sees it half-changed); counters and histograms hold only what must be counted as
 from __future__ import annotations
 
 import asyncio
-import hmac
 import socket
 import ssl
 import sys
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from services.common import authz
 from services.common.config import ServerConfig, TlsConfig
 from services.common.logging import get_logger
 
@@ -139,15 +141,17 @@ class _Server(ThreadingWSGIServer):
         log.info("metrics_request_failed", peer=str(client_address[0]), error=str(sys.exc_info()[1])[:200])
 
 
-def _authorized(app, token: str):
-    expected = f"Bearer {token}".encode()
-
+def _authorized(app, authenticator: authz.Authenticator):
     def checked(environ, start_response):
-        sent = environ.get("HTTP_AUTHORIZATION", "").encode()
-        if hmac.compare_digest(sent, expected):
-            return app(environ, start_response)
-        start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
-        return [f"{'missing' if not sent else 'wrong'} bearer token (send 'Authorization: Bearer <token>')\n".encode()]
+        sent = environ.get("HTTP_AUTHORIZATION", "")
+        p = authenticator.principal((("authorization", sent),) if sent else (), {})
+        if isinstance(p, str):
+            start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
+            return [f"{p} bearer token (send 'Authorization: Bearer <token>')\n".encode()]
+        if p.kind not in authz.METRICS_READERS:
+            start_response("403 Forbidden", [("Content-Type", "text/plain")])
+            return [f"{p} may not read metrics (allowed: {', '.join(authz.METRICS_READERS)})\n".encode()]
+        return app(environ, start_response)
 
     return checked
 
@@ -166,9 +170,11 @@ class MetricsServer:
     """/metrics (any path, as prometheus_client serves) of one registry over HTTP(S), in a thread."""
 
     def __init__(self, registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, tls: TlsConfig | None = None) -> None:
+                 tokens: Mapping[str, authz.Principal] = {}, admin_token: str | None = None,
+                 tls: TlsConfig | None = None) -> None:
+        """tokens (token -> principal) and admin_token (the legacy token): the service's, as its gRPC server's."""
         self.registry, self.host, self.requested_port = registry, host, port
-        self.token, self.tls = token, tls
+        self.authenticator, self.tls = authz.Authenticator(tokens, admin_token), tls
         self._httpd = None
         self._thread: threading.Thread | None = None
 
@@ -182,8 +188,8 @@ class MetricsServer:
 
     def start(self) -> "MetricsServer":
         app = make_wsgi_app(self.registry)
-        if self.token:
-            app = _authorized(app, self.token)
+        if self.authenticator.enforcing:
+            app = _authorized(app, self.authenticator)
         server_class = _Server
         if ":" in self.host.strip("[]"):  # an IPv6 address
             server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
@@ -198,7 +204,7 @@ class MetricsServer:
         self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name=f"metrics-{self.port}", daemon=True)
         self._thread.start()
-        log.info("metrics_serving", address=self.address, tls=self.tls is not None, auth=bool(self.token))
+        log.info("metrics_serving", address=self.address, tls=self.tls is not None, auth=self.authenticator.enforcing)
         return self
 
     def stop(self) -> None:
@@ -231,8 +237,8 @@ async def start_metrics(running, config: ServerConfig, *collectors) -> MetricsSe
     if config.metrics_port is None:
         return None
     try:
-        server = MetricsServer(new_registry(*collectors), config.host, config.metrics_port,
-                               token=config.auth_token, tls=config.tls).start()
+        server = MetricsServer(new_registry(*collectors), config.host, config.metrics_port, tokens=config.tokens,
+                               admin_token=config.auth_token, tls=config.tls).start()
     except BaseException:
         await running.stop(0)
         raise

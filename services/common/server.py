@@ -77,9 +77,9 @@ class RunningServer:
 
 async def start_server(config: ServerConfig, services: Sequence[Service]) -> RunningServer:
     """Bind and start a server for the services, with health and reflection."""
-    authenticator = authz.Authenticator(config.tokens, config.auth_token)
     mutual = config.tls is not None and config.tls.ca_file is not None
-    interceptors = [authz.AuthzInterceptor(authenticator)] if authenticator.enforcing or mutual else []
+    authenticator = authz.Authenticator(config.tokens, config.auth_token, mutual_tls=mutual)
+    interceptors = [authz.AuthzInterceptor(authenticator)] if authenticator.enforcing else []
     server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
     names = tuple(s.full_name for s in services)
     for s in services:

@@ -125,7 +125,7 @@ def parse_config(argv: list[str] | None, env) -> cfg.PlannerConfig:
     args = parser.parse_args(argv)
     return cfg.PlannerConfig(
         server=cfg.server_config_from_args(args, env),
-        etcd=cfg.etcd_config_from_args(args),
+        etcd=cfg.etcd_config_from_args(args, env),
         registry=args.registry,
         profiler=args.profiler,
         policy=args.policy,

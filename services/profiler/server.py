@@ -42,7 +42,8 @@ def parse_config(argv: list[str] | None, env) -> cfg.ProfilerConfig:
     cfg.add_etcd_args(parser)
     parser.add_argument("--registry", required=True, help="registry address host:port")
     args = parser.parse_args(argv)
-    return cfg.ProfilerConfig(server=cfg.server_config_from_args(args, env), etcd=cfg.etcd_config_from_args(args), registry=args.registry)
+    return cfg.ProfilerConfig(server=cfg.server_config_from_args(args, env), etcd=cfg.etcd_config_from_args(args, env),
+                              registry=args.registry)
 
 
 def main(argv: list[str] | None = None) -> int:

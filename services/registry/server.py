@@ -36,7 +36,7 @@ def parse_config(argv: list[str] | None, env) -> cfg.RegistryConfig:
     cfg.add_server_args(parser)
     cfg.add_etcd_args(parser)
     args = parser.parse_args(argv)
-    return cfg.RegistryConfig(server=cfg.server_config_from_args(args, env), etcd=cfg.etcd_config_from_args(args))
+    return cfg.RegistryConfig(server=cfg.server_config_from_args(args, env), etcd=cfg.etcd_config_from_args(args, env))
 
 
 def main(argv: list[str] | None = None) -> int:

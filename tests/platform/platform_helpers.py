@@ -142,3 +142,17 @@ def sample_names(name: str, kind: str) -> set[str]:
     return {"counter": {f"{name}_total", f"{name}_created"}, "gauge": {name},
             "histogram": {f"{name}_bucket", f"{name}_count", f"{name}_sum", f"{name}_created"},
             "summary": {name, f"{name}_count", f"{name}_sum", f"{name}_created"}}[kind]
+
+
+def etcd_http_range(endpoint: str) -> tuple[int, str]:
+    """The issue's probe: etcd's JSON gateway listing every key under /omru/ (status, body)."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{endpoint}/v3/kv/range", data=b'{"key":"L29tcnUv","range_end":"L29tcnUw"}')
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+

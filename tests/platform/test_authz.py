@@ -14,11 +14,12 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from omru.v1 import (common_pb2, executor_pb2, executor_pb2_grpc, planner_pb2, planner_pb2_grpc, profiler_pb2, profiler_pb2_grpc,
                      registry_pb2, registry_pb2_grpc)
-from platform_helpers import register_request
+from platform_helpers import etcd_http_range, register_request
 from services.common import authz
 from services.common import config as cfg
 from services.common.authz import Principal
 from services.common.channels import open_channel
+from services.common.etcd import EtcdStore, EtcdUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 #: caller kind -> its token ("none": no credential)
@@ -353,6 +354,21 @@ async def test_under_mutual_tls_a_node_certificate_acts_only_as_its_node(etcd, n
         await plan.stop(0)
 
 
+def test_only_a_node_certificate_names_a_node_and_under_mutual_tls_others_need_a_token():
+    """make-certs issues no shared executor certificate any more, and its old name is no node; under mutual TLS a
+    certificate that names no service or node (a user's) gets in only with a token, even with no token known."""
+    def who(cn: str, mutual_tls: bool, token: str = ""):
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        return authz.Authenticator({}, None, mutual_tls=mutual_tls).principal(metadata, {"x509_common_name": [cn.encode()]})
+
+    assert who("omru-executor-n1", True) == Principal(authz.NODE, "n1")
+    assert who("omru-planner", True) == Principal(authz.PLANNER, authz.PLANNER)
+    assert who("omru-executor", True) == who("omru-client", True) == "missing"
+    assert who("omru-client", True, token="tok-anything") == "wrong"
+    assert who("omru-client", False) == authz.OPEN  # no token, no mutual TLS: a single-user machine, open
+    assert not authz.permits(authz.allowed("/omru.v1.RegistryService/RegisterNode"), Principal(authz.NODE, "n1"), "n2")
+
+
 @pytest.mark.parametrize("text, named", [
     ("tok alice\n", "line 1: expected 'token name role', got 2 fields"),
     ("tok-a alice user\ntok-b bob root\n", "line 2: role 'root' is not one of"),
@@ -407,11 +423,11 @@ async def test_omru_up_gives_each_service_and_node_its_own_token_and_users_their
     from platform_helpers import alive, descendants
 
     users = tmp_path / "users"
-    users.write_text("tok-alice alice user\n")
+    users.write_text("tok-alice alice user\ntok-prom prometheus metrics\n")
     work = tmp_path / "work"
     env = dict(os.environ, OMP_NUM_THREADS="1", OMRU_AUTH_TOKEN="tok-root")
     proc = subprocess.Popen([sys.executable, "-m", "omru", "up", "--nodes", "2", "--slots-per-node", "1", "--port",
-                             str(free_port()), "--no-warm-workers", "--no-metrics", "--auth-tokens", str(users),
+                             str(free_port()), "--no-warm-workers", "--auth-tokens", str(users),
                              "--work-dir", str(work)],
                             stdout=subprocess.PIPE, stderr=open(tmp_path / "up.log", "wb"), text=True, env=env)
     try:
@@ -429,6 +445,29 @@ async def test_omru_up_gives_each_service_and_node_its_own_token_and_users_their
                     break
                 await asyncio.sleep(0.2)
             assert (await root.GetReport(planner_pb2.GetReportRequest(), timeout=5)).report.gpus == 2
+            # etcd serves the services alone: neither anyone nor a user's token gets in (the issue's probe)
+            status, body = etcd_http_range(ready["etcd"])
+            assert status == 400 and "user name is empty" in body, (status, body)
+            assert (work / "etcd-root-password").stat().st_mode & 0o077 == 0
+            # metrics: an admin's and the scraper's token read them, a user's does not
+            import urllib.error
+            import urllib.request
+
+            def scrape(token: str) -> int:
+                request = urllib.request.Request(f"http://{ready['metrics']['planner']}/metrics",
+                                                 headers={"Authorization": f"Bearer {token}"})
+                try:
+                    with urllib.request.urlopen(request, timeout=10) as reply:
+                        return reply.status
+                except urllib.error.HTTPError as exc:
+                    return exc.code
+
+            assert {t: await asyncio.to_thread(scrape, t) for t in ("tok-root", "tok-prom", "tok-alice", "nope")} == {
+                "tok-root": 200, "tok-prom": 200, "tok-alice": 403, "nope": 401}
+            for user, password in ((None, None), ("registry", "tok-root"), ("alice", "tok-alice"), ("root", "tok-root")):
+                async with EtcdStore(ready["etcd"], timeout=2.0, user=user, password=password) as store:
+                    with pytest.raises(EtcdUnavailable):
+                        await store.list()
             codes = {
                 "none ListJobs": await outcome(channels["none"], "PlannerService/ListJobs", planner_pb2.ListJobsRequest()),
                 "alice SubmitJobs": await outcome(channels["alice"], "PlannerService/SubmitJobs",
@@ -475,5 +514,6 @@ async def test_a_local_cluster_without_auth_stays_open_whatever_token_the_enviro
             stub = registry_pb2_grpc.RegistryServiceStub(channel)
             await stub.RegisterNode(register_request("n-any"), timeout=5)
             assert [n.node_id for n in (await stub.ListNodes(registry_pb2.ListNodesRequest(), timeout=5)).nodes] == ["n-any"]
+        assert etcd_http_range(cluster.etcd_endpoint)[0] == 200  # etcd is locked only with auth
     finally:
         await asyncio.to_thread(cluster.stop)

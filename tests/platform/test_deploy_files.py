@@ -278,3 +278,125 @@ def test_every_service_of_the_compose_files_serves_metrics_where_prometheus_scra
     assert served == scraped and set(served) == {"planner", "registry", "profiler", "executor"}, (served, scraped)
     ports = [p for ps in served.values() for p in ps]
     assert len(set(ports)) == len(ports)  # on one host, each its own
+
+
+# --- certificates: what make-certs.sh issues and what each container mounts -----------------------------
+
+NODE = "192.0.2.2"  # a node id as the compose files default it: the node's address
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Path:
+    """make-certs.sh's output for a head and one node (openssl)."""
+    out = tmp_path_factory.mktemp("deploy-certs") / "certs"
+    subprocess.run(["bash", str(DEPLOY / "make-certs.sh"), str(out), "192.0.2.1", NODE], check=True, capture_output=True,
+                   env={"OMRU_NODES": f"{NODE} gpu-b", "PATH": "/usr/bin:/bin"}, timeout=120)
+    return out
+
+
+def x509(path: Path) -> str:
+    return subprocess.run(["openssl", "x509", "-in", str(path), "-noout", "-text"], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def usages(path: Path) -> set[str]:
+    """The extended key usages of a certificate, as openssl names them."""
+    text = x509(path)
+    line = text.split("X509v3 Extended Key Usage:")[1].splitlines()[1]
+    return {u.strip() for u in line.split(",")}
+
+
+def verifies(ca: Path, cert: Path) -> bool:
+    return subprocess.run(["openssl", "verify", "-CAfile", str(ca), str(cert)], capture_output=True).returncode == 0
+
+
+SERVER_AND_CLIENT = {"TLS Web Server Authentication", "TLS Web Client Authentication"}
+CLIENT_ONLY = {"TLS Web Client Authentication"}
+
+
+def test_make_certs_limits_each_certificate_to_its_use_and_gives_etcd_a_ca_of_its_own(certs):
+    issued = {p.name for p in certs.glob("*.pem")}
+    assert "executor.pem" not in issued  # no certificate shared by every node
+    assert {f"executor-{NODE}.pem", "executor-gpu-b.pem"} <= issued
+    assert not list(certs.glob("*ca-key.pem")) and {p.name for p in (certs / "private").iterdir()} == {
+        "ca-key.pem", "etcd-ca-key.pem"}  # CA keys apart, in the folder no node gets
+    assert (certs / "private").stat().st_mode & 0o077 == 0
+    assert all((certs / f).stat().st_mode & 0o077 == 0 for f in ("token", "metrics-token", "metrics.tokens"))
+    for name in ("client", "etcd-registry", "etcd-profiler", "etcd-planner"):
+        assert usages(certs / f"{name}.pem") == CLIENT_ONLY, name
+        assert "Subject Alternative Name" not in x509(certs / f"{name}.pem"), name  # no host to serve
+    for name in ("registry", "profiler", "planner", "etcd", f"executor-{NODE}", "executor-gpu-b"):
+        assert usages(certs / f"{name}.pem") == SERVER_AND_CLIENT, name
+        assert "CA:FALSE" in x509(certs / f"{name}.pem")
+    # etcd trusts its own CA: the services' etcd certificates pass, a user's, a node's, a service's gRPC one do not
+    etcd_ca = certs / "etcd-ca.pem"
+    assert all(verifies(etcd_ca, certs / f"{n}.pem") for n in ("etcd", "etcd-registry", "etcd-profiler", "etcd-planner"))
+    assert not any(verifies(etcd_ca, certs / f"{n}.pem") for n in ("client", f"executor-{NODE}", "registry"))
+    assert verifies(certs / "ca.pem", certs / "client.pem") and not verifies(certs / "ca.pem", certs / "etcd-registry.pem")
+    # a node's certificate names that node (CN) and its own address, not the head's or another node's
+    node = x509(certs / f"executor-{NODE}.pem")
+    assert f"CN = omru-executor-{NODE}" in node and f"IP Address:{NODE}" in node and "192.0.2.1" not in node
+    assert "DNS:gpu-b" in x509(certs / "executor-gpu-b.pem") and NODE not in x509(certs / "executor-gpu-b.pem")
+
+
+def test_make_certs_refuses_a_node_id_that_is_no_id_before_writing_anything(tmp_path):
+    done = subprocess.run(["bash", str(DEPLOY / "make-certs.sh"), str(tmp_path / "c"), "192.0.2.1"], capture_output=True,
+                          text=True, env={"OMRU_NODES": "good ../bad", "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert done.returncode == 2 and "node id '../bad'" in done.stderr and not (tmp_path / "c").exists()
+
+
+def cert_mounts(service: dict) -> dict[str, str]:
+    """/certs/<file> in the container -> the file of ./certs mounted there (a whole folder fails the test)."""
+    out = {}
+    for target, source in mounts(service).items():
+        if "certs" in source:
+            assert source.startswith("./certs/") and target.startswith("/certs/"), (source, target)  # files, no folder
+            out[target] = source.removeprefix("./certs/")
+    return out
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
+def test_each_container_mounts_only_the_certificate_files_it_uses_and_they_are_issued(path, certs):
+    node_id = "${OMRU_NODE_ID:-${OMRU_NODE}}"
+    for name, service in compose(path)["services"].items():
+        files = cert_mounts(service)
+        used = set(re.findall(r"/certs/[\w.-]+", command(service) + " " + " ".join(service["healthcheck"]["test"])))
+        assert used == set(files), (path.name, name, used ^ set(files))  # each one used, each used one mounted
+        for source in files.values():
+            assert (certs / source.replace(node_id, NODE)).is_file(), (path.name, name, source)
+        if "etcd " in command(service) or "--etcd-cert" in command(service):  # etcd and its clients: etcd's CA
+            assert {"/certs/etcd-ca.pem"} <= set(files) and not {"client.pem", "executor.pem"} & set(files.values())
+        assert "private" not in " ".join(files.values())
+
+
+def test_a_gpu_node_mounts_the_ca_and_its_own_certificate_alone_and_no_token():
+    executor = compose(DEPLOY / "gpu-node.compose.yml")["services"]["executor"]
+    node_id = "${OMRU_NODE_ID:-${OMRU_NODE}}"
+    assert sorted(cert_mounts(executor).values()) == sorted(["ca.pem", f"executor-{node_id}.pem",
+                                                             f"executor-{node_id}-key.pem", "metrics.tokens"])
+    assert f"--node-id {node_id}".replace("${OMRU_NODE}", "${OMRU_NODE:?set OMRU_NODE}") in command(executor)
+    assert "--auth-token-file" not in command(executor) and "OMRU_AUTH_TOKEN" not in str(executor.get("environment"))
+
+
+def test_the_scraper_token_is_of_the_metrics_role_and_prometheus_sends_it(certs):
+    from services.common import authz
+
+    (token, principal), = authz.read_tokens(certs / "metrics.tokens").items()
+    assert principal.kind == authz.METRICS and token == (certs / "metrics-token").read_text().strip()
+    assert token != (certs / "token").read_text().strip()
+    for job in yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]:
+        assert job["authorization"]["credentials_file"].endswith("/metrics-token"), job
+    for path in (DEPLOY / "head.compose.yml", DEPLOY / "gpu-node.compose.yml"):
+        for name, service in compose(path)["services"].items():
+            if "--metrics-port" in command(service):
+                assert "--auth-tokens /certs/metrics.tokens" in command(service), (path.name, name)
+
+
+def test_etcd_trusts_only_its_own_ca_in_every_compose_file():
+    for path in (DEPLOY / "head.compose.yml", DEPLOY / "etcd-cluster.compose.yml"):
+        etcd = command(compose(path)["services"]["etcd"])
+        assert "--client-cert-auth" in etcd and "--trusted-ca-file /certs/etcd-ca.pem" in etcd, path.name
+        assert "--peer-trusted-ca-file" not in etcd or "--peer-trusted-ca-file /certs/etcd-ca.pem" in etcd
+    for name, service in compose(DEPLOY / "head.compose.yml")["services"].items():
+        if name != "etcd":
+            assert f"--etcd-ca /certs/etcd-ca.pem --etcd-cert /certs/etcd-{name}.pem" in command(service), name

@@ -180,6 +180,42 @@ async def test_the_metrics_want_the_bearer_token_when_the_service_has_one(etcd):
     assert gone.returncode != 0  # stopped with the service
 
 
+async def test_the_metrics_answer_an_admins_or_a_scrapers_token_and_no_other_role(etcd):
+    """authz.METRICS_READERS: with a tokens file, an admin's and a `metrics` token read /metrics (401 without a
+    known token, 403 naming the role for the others); a `metrics` token calls no RPC."""
+    import grpc
+
+    from omru.v1 import registry_pb2, registry_pb2_grpc
+    from services.common import authz
+    from services.common import config as cfg
+    from services.common.channels import open_channel
+    from services.registry.server import start
+
+    tokens = {"tok-root": authz.Principal(authz.ADMIN, "root"), "tok-prom": authz.Principal(authz.METRICS, "prometheus"),
+              "tok-alice": authz.Principal(authz.USER, "alice"), "tok-planner": authz.Principal(authz.PLANNER, "planner"),
+              "tok-n1": authz.Principal(authz.NODE, "n1")}
+    running = await start(cfg.RegistryConfig(server=cfg.ServerConfig(tokens=tokens, metrics_port=0),
+                                             etcd=cfg.EtcdConfig(endpoint=etcd.endpoint)))
+    try:
+        codes = {}
+        for token in (None, "nope", *tokens):
+            header = ("-H", f"Authorization: Bearer {token}") if token else ()
+            done = await asyncio.to_thread(curl, running.metrics.address, *header, "-w", "\n%{http_code}")
+            body, _, code = done.stdout.rpartition("\n")
+            codes[token] = code
+            assert ("omru_registry_nodes" in body) == (code == "200"), (token, body[-300:])
+            if code == "403":
+                assert f"{tokens[token]} may not read metrics (allowed: admin, metrics)" in body
+        assert codes == {None: "401", "nope": "401", "tok-root": "200", "tok-prom": "200", "tok-alice": "403",
+                         "tok-planner": "403", "tok-n1": "403"}
+        async with open_channel(running.address, token="tok-prom") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as denied:
+                await registry_pb2_grpc.RegistryServiceStub(channel).ListNodes(registry_pb2.ListNodesRequest(), timeout=5)
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await running.stop(0)
+
+
 async def test_with_tls_the_metrics_are_served_over_https_to_clients_the_ca_signed(etcd, tmp_path):
     """As deployed (deploy/prometheus/prometheus.yml): mutual TLS with deploy/make-certs.sh's certificates and
     the token; a client without a certificate of the CA, or speaking plain HTTP, is refused, and neither

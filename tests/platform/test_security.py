@@ -15,7 +15,7 @@ import pytest
 from conftest import start_registry
 
 from omru.v1 import registry_pb2, registry_pb2_grpc
-from platform_helpers import register_request, rpc_error
+from platform_helpers import etcd_http_range, register_request, rpc_error
 from services.common import config as cfg
 from services.common.channels import open_channel
 from services.common.cluster import free_port
@@ -27,16 +27,22 @@ TOKEN = "mtls-token"
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> Path:
-    """A CA and omru-<service> certificates for 127.0.0.1, plus one signed by another CA."""
+    """Our CAs and certificates (services, the nodes of NODES, client, etcd) for 127.0.0.1, and another set."""
     out = tmp_path_factory.mktemp("certs")
-    subprocess.run(["bash", str(ROOT / "deploy" / "make-certs.sh"), str(out / "ours"), "127.0.0.1"], check=True, capture_output=True)
-    subprocess.run(["bash", str(ROOT / "deploy" / "make-certs.sh"), str(out / "other"), "127.0.0.1"], check=True, capture_output=True)
+    env = {"OMRU_NODES": " ".join(NODES), "PATH": "/usr/bin:/bin"}
+    for name in ("ours", "other"):
+        subprocess.run(["bash", str(ROOT / "deploy" / "make-certs.sh"), str(out / name), "127.0.0.1"], check=True,
+                       capture_output=True, env=env)
     return out
 
 
-def tls(certs: Path, service: str, ca: str = "ours") -> cfg.TlsConfig:
-    """The certificate of omru-<service> (from the `ca` set) with our CA."""
-    return cfg.TlsConfig(certs / ca / f"{service}.pem", certs / ca / f"{service}-key.pem", certs / "ours" / "ca.pem")
+#: The node ids of this file's tests: make-certs writes executor-<node>.pem for each.
+NODES = ("n-good", "n-imp", "n-gen", "n-proc")
+
+
+def tls(certs: Path, service: str, ca: str = "ours", trust: str = "ca") -> cfg.TlsConfig:
+    """The certificate of omru-<service> (from the `ca` set) trusting our `trust` CA (etcd's: "etcd-ca")."""
+    return cfg.TlsConfig(certs / ca / f"{service}.pem", certs / ca / f"{service}-key.pem", certs / "ours" / f"{trust}.pem")
 
 
 def mtls_server(certs: Path, service: str) -> cfg.ServerConfig:
@@ -59,7 +65,7 @@ async def test_with_mutual_tls_only_clients_with_a_certificate_of_the_ca_and_the
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED  # a certificate does not replace the token
     good = open_channel(server.address, token=TOKEN, tls=tls(certs, "client"))  # an admin user
     stub = registry_pb2_grpc.RegistryServiceStub(good)
-    node = open_channel(server.address, tls=tls(certs, "executor"))  # a node's certificate names it (no token)
+    node = open_channel(server.address, tls=tls(certs, "executor-n-good"))  # a node's certificate names it (no token)
     await registry_pb2_grpc.RegistryServiceStub(node).RegisterNode(register_request("n-good"))
     assert [n.node_id for n in (await stub.ListNodes(registry_pb2.ListNodesRequest())).nodes] == ["n-good"]
     for channel in (*refused.values(), no_token, good, node):
@@ -77,7 +83,7 @@ async def mtls_registry(etcd, certs):
 async def start_executor(certs: Path, registry: str, node_id: str, work_dir: Path):
     from services.executor import server
 
-    config = cfg.ExecutorConfig(node_id=node_id, server=mtls_server(certs, "executor"), registry=registry,
+    config = cfg.ExecutorConfig(node_id=node_id, server=mtls_server(certs, f"executor-{node_id}"), registry=registry,
                                 slots=2, ttl_seconds=10, work_dir=work_dir)
     running, _membership = await server.start(config)
     return running
@@ -109,7 +115,7 @@ async def test_executor_follows_only_a_registry_whose_certificate_names_the_regi
 
 @pytest.fixture
 def tls_etcd(certs, tmp_path):
-    """A real etcd serving clients over https only, requiring client certificates of our CA."""
+    """A real etcd serving clients over https only, requiring client certificates of our etcd CA."""
     port, peer = free_port(), free_port()
     ours = certs / "ours"
     url = f"https://127.0.0.1:{port}"
@@ -119,7 +125,7 @@ def tls_etcd(certs, tmp_path):
          "--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
          "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}", "--initial-cluster", f"tls=http://127.0.0.1:{peer}",
          "--cert-file", str(ours / "etcd.pem"), "--key-file", str(ours / "etcd-key.pem"),
-         "--trusted-ca-file", str(ours / "ca.pem"), "--client-cert-auth", "--log-level", "warn", "--logger", "zap"],
+         "--trusted-ca-file", str(ours / "etcd-ca.pem"), "--client-cert-auth", "--log-level", "warn", "--logger", "zap"],
         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     yield f"127.0.0.1:{port}"
     proc.terminate()
@@ -140,7 +146,7 @@ async def _until_up(store: EtcdStore, timeout: float = 15.0) -> None:
 
 
 async def test_etcd_over_tls_serves_the_store_and_the_registry_and_refuses_plaintext(tls_etcd, certs):
-    etcd_tls = tls(certs, "registry")
+    etcd_tls = tls(certs, "etcd-registry", trust="etcd-ca")
     async with EtcdStore(tls_etcd, tls=etcd_tls) as store:
         await _until_up(store)
         await store.put("a", b"x")
@@ -148,7 +154,10 @@ async def test_etcd_over_tls_serves_the_store_and_the_registry_and_refuses_plain
         assert (await store.create({"b": b"y"})).succeeded
         lease = await store.grant_lease(5)
         assert await store.refresh_lease(lease) > 0
-    for client_tls in (None, cfg.TlsConfig(ca_file=certs / "ours" / "ca.pem")):  # plaintext; TLS without a certificate
+    # plaintext; TLS without a certificate; the users' and a node's certificates (of the other CA), a service's own
+    refused = (None, cfg.TlsConfig(ca_file=certs / "ours" / "etcd-ca.pem"), tls(certs, "client", trust="etcd-ca"),
+               tls(certs, "executor-n-good", trust="etcd-ca"), tls(certs, "registry", trust="etcd-ca"))
+    for client_tls in refused:
         async with EtcdStore(tls_etcd, timeout=1.0, tls=client_tls) as store:
             with pytest.raises(EtcdUnavailable):
                 await store.get("a")
@@ -173,6 +182,10 @@ def test_tls_options_name_the_bad_file_and_exit_2(tmp_path):
         (["services.registry.server", "--tls-ca", str(ROOT / "README.md")], "--tls-cert, --tls-key"),
         (["services.executor.server", "--registry", "127.0.0.1:1", "--registry-identity", "not an id"], "'not an id'"),
         (["omru.cli.main", "status", "--tls-ca", missing], f"--tls-ca {missing!r}"),
+        (["services.registry.server", "--etcd-user", "registry"], "etcd user and password must be given together"),
+        (["services.registry.server", "--etcd-password-file", missing], f"etcd password file {missing!r} cannot be read"),
+        (["services.profiler.server", "--registry", "127.0.0.1:1", "--etcd-user", "a b", "--etcd-password-file",
+          str(ROOT / "README.md")], "etcd user 'a b'"),
     ]
     for argv, named in cases:
         done = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", *argv], capture_output=True, text=True, cwd=ROOT, timeout=60)
@@ -199,22 +212,35 @@ async def test_service_processes_with_the_deploy_flags_run_mutual_tls_end_to_end
     """The compose files' flags, on real processes: etcd over TLS, mutual TLS between every service, the CLI
     with the client certificate (and refused without it)."""
     ours = certs / "ours"
-    async with EtcdStore(tls_etcd, tls=tls(certs, "client")) as store:
+    async with EtcdStore(tls_etcd, tls=tls(certs, "etcd-registry", trust="etcd-ca")) as store:
         await _until_up(store)
 
     def flags(service: str) -> list[str]:
-        cert, key = str(ours / f"{service}.pem"), str(ours / f"{service}-key.pem")
+        own = "executor-n-proc" if service == "executor" else service
+        cert, key = str(ours / f"{own}.pem"), str(ours / f"{own}-key.pem")
         return ["--port", "0", "--tls-cert", cert, "--tls-key", key, "--tls-ca", str(ours / "ca.pem"),
-                "--auth-token-file", str(ours / "token"),
-                *(["--etcd", tls_etcd, "--etcd-ca", str(ours / "ca.pem"), "--etcd-cert", cert, "--etcd-key", key]
-                  if service != "executor" else [])]
+                *(["--auth-token-file", str(ours / "token"), "--etcd", tls_etcd, "--etcd-ca", str(ours / "etcd-ca.pem"),
+                   "--etcd-cert", str(ours / f"etcd-{service}.pem"), "--etcd-key", str(ours / f"etcd-{service}-key.pem")]
+                  if service != "executor" else [])]  # a node holds its certificate and the CA alone
 
     registry = await start_service("registry", *flags("registry"))
     profiler = await start_service("profiler", *flags("profiler"), "--registry", registry.address)
     planner = await start_service("planner", *flags("planner"), "--registry", registry.address, "--profiler", profiler.address)
-    await start_service("executor", *flags("executor"), "--node-id", "n-proc", "--registry", registry.address,
-                        "--slots", "2", "--work-dir", str(tmp_path / "work"))
+    executor = await start_service("executor", *flags("executor"), "--node-id", "n-proc", "--registry", registry.address,
+                                   "--slots", "2", "--work-dir", str(tmp_path / "work"))
     from omru.client import Client
+    from omru.v1 import executor_pb2, executor_pb2_grpc
+
+    admin = (ours / "token").read_text().strip()
+    codes = {}
+    for who, cert, token in (("planner", "planner", None), ("user with the admin's token", "client", admin),
+                             ("another node", "executor-n-good", None)):
+        async with open_channel(executor.address, token=token, tls=tls(certs, cert)) as channel:
+            call = executor_pb2_grpc.ExecutorServiceStub(channel).GetJobs(executor_pb2.GetJobsRequest(), timeout=10)
+            codes[who] = (await rpc_error(call)).code() if who != "planner" else (await call, grpc.StatusCode.OK)[1]
+    # the node has no token: it answers the planner's certificate, not a user's, whatever token comes with it
+    assert codes == {"planner": grpc.StatusCode.OK, "user with the admin's token": grpc.StatusCode.UNAUTHENTICATED,
+                     "another node": grpc.StatusCode.PERMISSION_DENIED}, codes
 
     async with Client(planner.address, token=(ours / "token").read_text().strip(), tls=tls(certs, "client")) as client:
         for _ in range(100):  # the planner learns the node through its mutual-TLS watch of the registry
@@ -232,3 +258,96 @@ async def test_service_processes_with_the_deploy_flags_run_mutual_tls_end_to_end
     assert omru_status("--tls-cert", str(ours / "client.pem"), "--tls-key", str(ours / "client-key.pem")).returncode == 0
     refused = omru_status()  # no client certificate: refused in the handshake
     assert refused.returncode != 0 and "UNAVAILABLE" in refused.stderr, refused.stderr
+
+
+async def test_etcd_locked_serves_only_its_users_on_the_prefix_and_they_sign_in_again_after_a_restart(etcd):
+    """enable_auth (what `omru up` with credentials does): no request without a user's token, by aetcd or by
+    the JSON gateway; a service user reads and writes the prefix only, and keeps working, its watch included,
+    across an etcd restart (etcd forgets every token). A rerun on the same data needs the root password."""
+    from services.common.etcd import WatchBatch, enable_auth
+
+    await enable_auth(etcd.endpoint, "/omru/", "root-pw", {"registry": "reg-pw"})
+    status, body = etcd_http_range(etcd.endpoint)
+    assert status == 400 and "user name is empty" in body and "kvs" not in body
+    async with EtcdStore(etcd.endpoint, timeout=2.0) as anonymous:
+        with pytest.raises(EtcdUnavailable, match="user name is empty"):
+            await anonymous.list()
+        with pytest.raises(EtcdUnavailable):
+            await anonymous.put("x", b"1")
+    async with EtcdStore(etcd.endpoint, timeout=2.0, user="registry", password="wrong") as impostor:
+        with pytest.raises(EtcdUnavailable, match="authentication failed"):
+            await impostor.get("x")
+    async with EtcdStore(etcd.endpoint, "/other/", timeout=2.0, user="registry", password="reg-pw") as outside:
+        with pytest.raises(EtcdUnavailable, match="permission denied"):
+            await outside.put("x", b"1")
+    async with EtcdStore(etcd.endpoint, timeout=2.0, user="registry", password="reg-pw") as store:
+        await store.put("a", b"1")
+        assert (await store.create({"b": b"2"}, lease=await store.grant_lease(30))).succeeded
+        kvs, revision = await store.list()
+        assert [(kv.key, kv.value) for kv in kvs] == [("a", b"1"), ("b", b"2")]
+        changes = store.watch("", revision)
+        first = asyncio.ensure_future(changes.__anext__())
+        await store.put("a", b"3")
+        batch = await asyncio.wait_for(first, 10)
+        assert isinstance(batch, WatchBatch) and [(e.key, e.value) for e in batch.events] == [("a", b"3")]
+        await asyncio.to_thread(etcd.restart)  # every token gone
+        resumed = asyncio.ensure_future(changes.__anext__())
+        await asyncio.sleep(1.5)  # the watch reconnects on its own (its stale token refused, it signs in again)
+        async with EtcdStore(etcd.endpoint, timeout=2.0, user="registry", password="reg-pw") as other:
+            await other.put("c", b"4")
+        batch = await asyncio.wait_for(resumed, 20)
+        assert [(e.key, e.value) for e in batch.events] == [("c", b"4")]
+        await changes.aclose()
+        await store.put("d", b"5")  # and requests sign in again too
+        assert (await store.get("d")).value == b"5"
+    status, _ = etcd_http_range(etcd.endpoint)
+    assert status == 400  # still locked after the restart
+    with pytest.raises(EtcdUnavailable, match="sign in as root"):
+        await enable_auth(etcd.endpoint, "/omru/", "not-root-pw", {"registry": "x"})
+    await enable_auth(etcd.endpoint, "/omru/", "root-pw", {"registry": "new-pw", "planner": "pl-pw"})
+    for user, password in (("registry", "new-pw"), ("planner", "pl-pw")):
+        async with EtcdStore(etcd.endpoint, timeout=2.0, user=user, password=password) as store:
+            assert (await store.get("c")).value == b"4"
+    async with EtcdStore(etcd.endpoint, timeout=2.0, user="registry", password="reg-pw") as old:
+        with pytest.raises(EtcdUnavailable, match="authentication failed"):
+            await old.get("c")
+
+
+async def test_a_locked_etcd_restarted_by_the_supervisor_stays_locked_and_the_services_sign_in_again(tmp_path):
+    """`omru up` with credentials: etcd killed and restarted by the supervisor forgets every token; the registry
+    writes and the planner follows the registry again (signing in anew), and etcd still refuses anyone."""
+    import signal
+
+    from omru.v1 import planner_pb2, planner_pb2_grpc
+    from services.common.cluster import LocalCluster
+
+    users = tmp_path / "users"
+    users.write_text("tok-root root admin\n")
+    cluster = LocalCluster(nodes=1, slots_per_node=1, planner_port=0, work_dir=tmp_path / "up", metrics=False,
+                           warm_workers=False, auth_tokens=users)
+    await asyncio.to_thread(cluster.start)
+    try:
+        supervisor = cluster.supervisor()
+        cluster.etcd.proc.send_signal(signal.SIGKILL)
+        events = []
+        for _ in range(200):
+            events += await asyncio.to_thread(supervisor.step)
+            if any(e.get("restarted") == "etcd" for e in events):
+                break
+            await asyncio.sleep(0.05)
+        assert [e["restarted"] for e in events] == ["etcd"], events
+        assert etcd_http_range(cluster.etcd_endpoint)[0] == 400
+        planner_token = cluster.service_tokens["planner"]  # (the planner may register any node)
+        async with open_channel(cluster.service("registry").address, token=planner_token) as registry, \
+                open_channel(cluster.service("planner").address, token="tok-root") as planner:
+            await registry_pb2_grpc.RegistryServiceStub(registry).RegisterNode(register_request("n-new", slots=1),
+                                                                              timeout=10)
+            report = planner_pb2_grpc.PlannerServiceStub(planner)
+            for _ in range(150):  # the registry wrote it; its etcd watch streams it to the planner
+                if (await report.GetReport(planner_pb2.GetReportRequest(), timeout=5)).report.gpus == 2:
+                    break
+                await asyncio.sleep(0.2)
+            assert (await report.GetReport(planner_pb2.GetReportRequest(), timeout=5)).report.gpus == 2
+        assert supervisor.step() == []  # nothing else exited
+    finally:
+        await asyncio.to_thread(cluster.stop)

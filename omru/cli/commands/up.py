@@ -32,7 +32,8 @@ def register(subparsers) -> None:
                         help="serve no Prometheus metrics (default: every service serves /metrics on a free port "
                              "of 127.0.0.1, named in the ready line's \"metrics\")")
     parser.add_argument("--auth-tokens", default=None, metavar="FILE",
-                        help="users' bearer tokens, a line 'token name role' each (role admin or user); with it or "
+                        help="users' bearer tokens, a line 'token name role' each (role admin or user, or metrics: "
+                             "a scraper, which reads /metrics and calls no RPC); with it or "
                              "$OMRU_AUTH_TOKEN (an admin's token) every service requires a token, and each service and "
                              "node gets its own for this run")
     parser.add_argument("--work-dir", default=None, help="directory for logs, etcd data and checkpoints (default: a temp dir, removed at exit)")
