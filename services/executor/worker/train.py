@@ -501,6 +501,11 @@ def _standby() -> list[str] | None:
     import torch.distributed  # noqa: F401  (the seconds a cold worker spends before it can train)
     import torchvision  # noqa: F401
 
+    from services.executor.worker import data  # noqa: F401
+
+    with contextlib.suppress(ImportError):  # digits' loader (seconds: a joining rank keeps the others waiting)
+        import sklearn.datasets  # noqa: F401
+
     import json
 
     line = sys.stdin.readline()
