@@ -18,8 +18,10 @@ Epoch time: ``omru train --slots 2 --epochs 3 --json`` against a plain DDP
 loop of the same model, data, batch, sampler and optimizer, started like
 torchrun (``python -m torch.distributed.run --nproc-per-node 2`` on this
 script's ``--plain`` mode): the mean training seconds per epoch (slowest
-rank, evaluation excluded) of the epochs after the first, and omru's
-overhead in per cent. With ``--gpus``: one GPU per slot, NCCL.
+rank, evaluation excluded) of the epochs after the first, the two run in
+turn ``--repeats`` times (a shared machine's load drifts) and compared by
+their medians: omru's overhead in per cent. With ``--gpus``: one GPU per
+slot, NCCL.
 Figures, not pass/fail: nothing here asserts a speed.
 """
 
@@ -181,11 +183,14 @@ def main() -> int:
                     print(f"  {model:<19} {step[0]}->{step[1]} {how} {statistics.median(values):6.2f} s  "
                           f"({', '.join(f'{v:.2f}' for v in values)})", flush=True)
     if not args.skip_epochs:
-        print("epoch seconds on 2 slots, mean of epochs 2-3 (omru train vs plain DDP under torchrun):")
+        print(f"epoch seconds on 2 slots, mean of epochs 2-{args.epochs}, median of {args.repeats} runs each, in turn "
+              "(omru train vs plain DDP under torchrun):")
         for model in models:
-            ours = omru_epochs(model, 2, args.epochs, args.train_samples, args.gpus)
-            plain = plain_epochs(model, 2, args.epochs, args.train_samples, args.gpus)
-            a, b = _steady(ours), _steady(plain)
+            ours, plain = [], []
+            for _ in range(args.repeats):
+                ours.append(_steady(omru_epochs(model, 2, args.epochs, args.train_samples, args.gpus)))
+                plain.append(_steady(plain_epochs(model, 2, args.epochs, args.train_samples, args.gpus)))
+            a, b = statistics.median(ours), statistics.median(plain)
             print(f"  {model:<19} omru {a:6.2f} s ({', '.join(f'{v:.2f}' for v in ours)})  plain {b:6.2f} s "
                   f"({', '.join(f'{v:.2f}' for v in plain)})  overhead {100 * (a / b - 1):+.1f} %", flush=True)
     return 0

@@ -326,6 +326,8 @@ class WorkerGroup:
                     if proc.pid not in supervised:
                         supervised.add(proc.pid)
                         pending.add(asyncio.ensure_future(self._supervise(rank, proc)))
+                        if self._stopping:  # a joiner started as the others were being stopped
+                            _signal(proc, signal.SIGTERM)
                 if not pending:
                     break
                 self._joined.clear()
