@@ -53,8 +53,8 @@ def spec_for(model: str, epochs: int, train_samples: int):
                      train_samples=train_samples, seed=SEED)
 
 
-def pauses(model: str, in_place: bool, train_samples: int, gpus: bool) -> dict[tuple[int, int], float]:
-    """{(from, to): pause_s} of one run resized 1->2->1."""
+def pauses(model: str, in_place: bool, train_samples: int, gpus: bool) -> tuple[dict[tuple[int, int], float], float]:
+    """{(from, to): pause_s} of one run resized 1->2->1, and its final test accuracy."""
     from services.executor.worker import launch
 
     devices = ["0", "1"] if gpus else []
@@ -63,7 +63,7 @@ def pauses(model: str, in_place: bool, train_samples: int, gpus: bool) -> dict[t
                                   in_place=in_place)
     if result.outcome != "finished":
         raise SystemExit(f"{model} ({'in place' if in_place else 'restart'}) {result.outcome}: {result.message}")
-    return {(r["from_size"], r["to_size"]): r["pause_s"] for r in result.of("resized")}
+    return {(r["from_size"], r["to_size"]): r["pause_s"] for r in result.of("resized")}, result.final["accuracy"]
 
 
 def omru_epochs(model: str, slots: int, epochs: int, train_samples: int, gpus: bool) -> list[float]:
@@ -177,11 +177,13 @@ def main() -> int:
         for model in models:
             for in_place in (True, False):
                 runs = [pauses(model, in_place, args.train_samples, args.gpus) for _ in range(args.repeats)]
+                how = "in place  " if in_place else "by restart"
                 for step in ((1, 2), (2, 1)):
-                    values = [r[step] for r in runs]
-                    how = "in place  " if in_place else "by restart"
+                    values = [r[step] for r, _ in runs]
                     print(f"  {model:<19} {step[0]}->{step[1]} {how} {statistics.median(values):6.2f} s  "
                           f"({', '.join(f'{v:.2f}' for v in values)})", flush=True)
+                print(f"  {model:<19} {how} test accuracy after 3 epochs: "
+                      f"{', '.join(f'{100 * a:.2f}%' for _, a in runs)}", flush=True)
     if not args.skip_epochs:
         print(f"epoch seconds on 2 slots, mean of epochs 2-{args.epochs}, median of {args.repeats} runs each, in turn "
               "(omru train vs plain DDP under torchrun):")

@@ -138,3 +138,21 @@ def test_omru_train_refuses_a_bad_resize_naming_it_with_exit_code_2(value, says)
     out = omru("train", "--model", "resnet18", "--epochs", "3", "--resize", value)
     assert out.returncode == 2, out.stderr
     assert f"--resize {says}" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_attempt_plans_resizes_by_epoch_and_names_a_bad_plan():
+    from services.executor.worker.spec import AttemptSpec, SpecError, from_json, to_json
+
+    attempt = AttemptSpec("a1", 1, "127.0.0.1:1234", "ck", resizes=[[1, 3], [2, 1]])
+    assert attempt.resizes == ((1, 3), (2, 1)) and attempt.devices == ("cpu",) * 3
+    assert [attempt.size_after(e, 1) for e in (1, 2, 3)] == [3, 1, 1]
+    assert attempt.generation_prefix(0) == "a1" and attempt.generation_prefix(2) == "a1/gen2"
+    assert from_json(to_json(tiny_spec(), attempt))[1] == attempt
+    assert [launch.size_at(e, 1, attempt.resizes) for e in (0, 1, 2)] == [1, 3, 1]
+    for bad in ([(0, 2)], [(2, 2), (1, 1)], [(1, 0)], [(1, "2")]):
+        with pytest.raises(SpecError) as err:
+            AttemptSpec("a1", 1, "127.0.0.1:1234", "ck", resizes=bad)
+        assert err.value.field == "resizes"
+    with pytest.raises(SpecError) as err:
+        AttemptSpec("a1", 1, "127.0.0.1:1234", "ck", devices=("0",), resizes=[(1, 2)])
+    assert err.value.field == "devices" and "needs one device per rank (2)" in str(err.value)
