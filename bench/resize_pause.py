@@ -171,7 +171,8 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     models = args.models.split(",")
     where = "GPUs (NCCL)" if args.gpus else f"CPU slots (gloo), {os.cpu_count()} cores"
-    print(f"digits {IMAGE}x{IMAGE}, batch {BATCH}/slot, train samples {args.train_samples or 'all'}, seed {SEED}, {where}")
+    print(f"digits {IMAGE}x{IMAGE}, batch {BATCH}/slot, train samples {args.train_samples or 'all'}, "
+          f"seed {SEED}, {where}")
     if not args.skip_pauses:
         print(f"resize pause_s, median of {args.repeats} runs (all values):")
         for model in models:

@@ -340,8 +340,9 @@ class Context:
         self._saved_epoch = self.epoch + 1
         path = None
         if self.rank == 0:
-            state = {**state, "job_id": self.job_id, "model_name": self.model_name, "fingerprint": self.fingerprint or "",
-                     "epoch": self.epoch + 1, "world_size": self.world_size, "history": list(self.history)}
+            state = {**state, "job_id": self.job_id, "model_name": self.model_name,
+                     "fingerprint": self.fingerprint or "", "epoch": self.epoch + 1, "world_size": self.world_size,
+                     "history": list(self.history)}
             if background:
                 record, self._pending = self._pending, None
                 self._write_in_background(state, record)

@@ -126,7 +126,8 @@ def script_env(base: dict[str, str], spec: TrainSpec, attempt: AttemptSpec, rank
 
 def new_attempt(world_size: int, checkpoint_dir: str, devices: Sequence[str] = (), host: str = "127.0.0.1",
                 profile: ProfileSpec | None = None, attempt_id: str | None = None,
-                timeout_s: float = 300.0, resizes: Sequence[tuple[int, int]] = (), in_place: bool = True) -> AttemptSpec:
+                timeout_s: float = 300.0, resizes: Sequence[tuple[int, int]] = (),
+                in_place: bool = True) -> AttemptSpec:
     """An attempt on this machine: fresh id (store prefix), free port, per-attempt stop file (devices: one per
     rank of the largest size, see AttemptSpec)."""
     attempt_id = attempt_id or f"a-{uuid.uuid4().hex[:12]}"

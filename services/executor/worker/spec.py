@@ -246,8 +246,8 @@ class AttemptSpec:
     def _check_resizes(self) -> None:
         resizes = self.resizes
         ok = isinstance(resizes, (list, tuple)) and all(
-            isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
-            for r in resizes)
+            isinstance(r, (list, tuple)) and len(r) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in r) for r in resizes)
         _require(ok, "resizes", f"must be (epoch, size) pairs of integers, got {resizes!r}")
         resizes = tuple((int(e), int(w)) for e, w in resizes)
         epochs = [e for e, _ in resizes]
