@@ -56,6 +56,7 @@ import os
 import signal
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -95,15 +96,17 @@ def stop_requested(stop_file: str) -> bool:
 
 
 class Records:
-    """Writes one record per line (`RECORD_PREFIX` + JSON), flushed at once."""
+    """Writes one record per line (`RECORD_PREFIX` + JSON), flushed at once (from any thread)."""
 
     def __init__(self, stream, base: dict):
         self.stream, self.base = stream, base
+        self._lock = threading.Lock()
 
     def emit(self, event: str, **fields) -> dict:
         record = {"event": event, **self.base, "time": time.time(), **fields}
-        self.stream.write(RECORD_PREFIX + json.dumps(record) + "\n")
-        self.stream.flush()
+        with self._lock:
+            self.stream.write(RECORD_PREFIX + json.dumps(record) + "\n")
+            self.stream.flush()
         return record
 
 
@@ -274,6 +277,10 @@ class Context:
     train_seconds: float | None = None  # the epoch's time in `batches` (None before it ended)
     _saved_epoch: int = -1
     _epoch_t0: float = 0.0
+    _stop_asked: bool = False
+    _writer: threading.Thread | None = None  # rank 0's checkpoint write in the background (save(background=True))
+    _write_error: BaseException | None = None
+    _sigterm: object = None  # SIGTERM's handler while a background write runs
     _began: float = field(default_factory=time.time)
 
     @property
@@ -321,19 +328,68 @@ class Context:
         self.resumed_from = path
         return state
 
-    def save(self, state: dict) -> str | None:
-        """Checkpoint the epoch in progress as done (rank 0 writes it atomically); returns the path on rank 0."""
+    def save(self, state: dict, background: bool = False) -> str | None:
+        """Checkpoint the epoch in progress as done (rank 0 writes it atomically); returns the path on rank 0.
+
+        background: rank 0 writes it in a thread and returns None at once (``state`` must then be a copy
+        that nothing changes any more); the epoch's record is sent once the file is in place. Until
+        then SIGTERM waits for the write (the process ends right after it), so a stop never costs the
+        epoch; `wait_saved` waits for it."""
         self._fence()
+        self.wait_saved()
         self._saved_epoch = self.epoch + 1
         path = None
         if self.rank == 0:
-            path = checkpoint.save(self.checkpoint_dir, {
-                **state, "job_id": self.job_id, "model_name": self.model_name, "fingerprint": self.fingerprint or "",
-                "epoch": self.epoch + 1, "world_size": self.world_size, "history": self.history})
+            state = {**state, "job_id": self.job_id, "model_name": self.model_name,
+                     "fingerprint": self.fingerprint or "", "epoch": self.epoch + 1, "world_size": self.world_size,
+                     "history": list(self.history)}
+            if background:
+                record, self._pending = self._pending, None
+                self._write_in_background(state, record)
+                return None
+            path = checkpoint.save(self.checkpoint_dir, state)
         if self._pending is not None:
             self._pending["checkpoint"] = path
             self._emit_pending()
         return path
+
+    def _write_in_background(self, state: dict, record: dict | None) -> None:
+        def write() -> None:
+            try:
+                path = checkpoint.save(self.checkpoint_dir, state)
+            except BaseException as exc:  # (raised in the main thread by wait_saved)
+                self._write_error = exc
+                return
+            if record is not None:
+                self.records.emit("epoch_done", **{**record, "checkpoint": path})
+
+        def on_sigterm(signum, _frame) -> None:
+            self.wait_saved()
+            os._exit(128 + signum)
+
+        with contextlib.suppress(ValueError):  # (not the main thread: SIGTERM stays as it is)
+            self._sigterm = signal.signal(signal.SIGTERM, on_sigterm)
+        self._writer = threading.Thread(target=write, name="omru-checkpoint")
+        self._writer.start()
+
+    def wait_saved(self, block: bool = True) -> bool:
+        """Wait for a background checkpoint write (block False: only see whether it ended); True when
+        none is running. Raises what the write raised."""
+        writer = self._writer
+        if writer is not None:
+            if block:
+                writer.join()
+            elif writer.is_alive():
+                return False
+            self._writer = None
+            if self._sigterm is not None:
+                with contextlib.suppress(ValueError):
+                    signal.signal(signal.SIGTERM, self._sigterm)
+                self._sigterm = None
+        error, self._write_error = self._write_error, None
+        if error is not None:
+            raise error
+        return True
 
     def report(self, epoch: int, **metrics) -> None:
         """Report the epoch's figures (loss, accuracy, lr, anything else; rank 0's are kept).
@@ -354,9 +410,14 @@ class Context:
         if record is not None and self.rank == 0:
             self.records.emit("epoch_done", **record)
 
+    def request_stop(self) -> None:
+        """Stop at the end of the epoch in progress, as on a stop request from the executor."""
+        self._stop_asked = True
+
     def stop_wanted(self) -> bool:
         """True on every rank when any rank was asked to stop (a collective: call it on all ranks)."""
-        return all_reduce([float(stop_requested(self.stop_file))], self.device, "max")[0] > 0
+        asked = self._stop_asked or stop_requested(self.stop_file)
+        return all_reduce([float(asked)], self.device, "max")[0] > 0
 
     def epochs(self):
         """The epochs still to run; ends early after an epoch when a stop was asked for (``stopped``)."""
@@ -365,6 +426,7 @@ class Context:
             yield epoch
             self._emit_pending()
             if epoch + 1 < self.epochs_total and self.stop_wanted():
+                self.wait_saved()
                 if self._saved_epoch != epoch + 1:
                     print(f"omru.elastic: stopping after epoch {epoch + 1}, which was not saved "
                           "(ctx.save): the next attempt trains it again", file=sys.stderr)
@@ -372,6 +434,7 @@ class Context:
                     self.records.emit("stopped", epoch=epoch + 1)
                 self.stopped = True
                 return
+        self.wait_saved()
         if self.rank == 0:
             last = self.history[-1] if self.history else {}
             self.records.emit("finished", epochs=self.epochs_total, accuracy=last.get("accuracy"),
@@ -448,6 +511,8 @@ class Context:
 
     def close(self) -> None:
         """Leave the process group (rank 0 last); called at exit."""
+        with contextlib.suppress(Exception):
+            self.wait_saved()
         leave(self.rank, self.world_size)
 
 

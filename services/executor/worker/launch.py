@@ -23,8 +23,16 @@ started (a script that does not use omru.elastic, which cannot stop at an
 epoch boundary) are terminated instead; the next attempt resumes from
 whatever checkpoint the script wrote.
 
+A zoo job that resizes in place (``attempt.resizes``, see train.py) tells
+its launcher with a ``regroup`` record from rank 0: when the group grows and
+all its ranks are local, the launcher starts the joining ranks at once (from
+the warm pool when there is one); they are supervised like the others. A
+shrink ends the leaving ranks by themselves (exit 0).
+
 Built on asyncio (the executor servicer is grpc.aio); `run_attempt` is the
-synchronous wrapper for `omru train` and scripts.
+synchronous wrapper for `omru train` and scripts, and `run_local` runs a job
+with planned resizes on this machine, in place or by restarts, falling back to
+a restart from the checkpoint when an in-place regroup fails.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from omru.checkpoint import list_checkpoints
 from omru.elastic import parse_record
 from omru.spec import ProfileSpec
 from services.executor.worker.spec import AttemptSpec, TrainSpec, to_json
@@ -117,8 +126,10 @@ def script_env(base: dict[str, str], spec: TrainSpec, attempt: AttemptSpec, rank
 
 def new_attempt(world_size: int, checkpoint_dir: str, devices: Sequence[str] = (), host: str = "127.0.0.1",
                 profile: ProfileSpec | None = None, attempt_id: str | None = None,
-                timeout_s: float = 300.0) -> AttemptSpec:
-    """An attempt on this machine: fresh id (store prefix), free port, per-attempt stop file."""
+                timeout_s: float = 300.0, resizes: Sequence[tuple[int, int]] = (),
+                in_place: bool = True) -> AttemptSpec:
+    """An attempt on this machine: fresh id (store prefix), free port, per-attempt stop file (devices: one per
+    rank of the largest size, see AttemptSpec)."""
     attempt_id = attempt_id or f"a-{uuid.uuid4().hex[:12]}"
     return AttemptSpec(
         attempt_id=attempt_id,
@@ -129,6 +140,8 @@ def new_attempt(world_size: int, checkpoint_dir: str, devices: Sequence[str] = (
         stop_file=os.path.join(checkpoint_dir, f".stop-{attempt_id}"),
         profile=profile,
         timeout_s=timeout_s,
+        resizes=tuple(resizes),
+        in_place=in_place,
     )
 
 
@@ -180,7 +193,9 @@ class WorkerGroup:
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.records: list[dict] = []
-        self.stderr_tail = {r: collections.deque(maxlen=stderr_lines) for r in self.ranks}
+        self.stderr_tail = collections.defaultdict(lambda: collections.deque(maxlen=stderr_lines))
+        self._all_local = set(self.ranks) == set(range(attempt.world_size))  # (then it starts joining ranks)
+        self._joined: asyncio.Event | None = None
         self._logs: dict[int, object] = {}
         self._started: set[int] = set()
         self._stopping = False
@@ -198,19 +213,40 @@ class WorkerGroup:
             os.unlink(self.attempt.stop_file)
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            self._logs = {r: open(self.log_dir / f"rank-{r}.log", "a", buffering=1, errors="replace") for r in self.ranks}
         if self.spec.is_script:
+            self._open_logs(self.ranks)
             await self._start_script()
             return
-        payload = to_json(self.spec, self.attempt)
         for rank in self.ranks:
-            args = ["--spec-json", payload, "--rank", str(rank)]
-            env = worker_env(self.base_env, self.attempt.devices[rank])
-            if self.pool is not None:
-                self.procs[rank] = await self.pool.spawn(args, env)
-            else:
-                self.procs[rank] = proc = await start_standby(self.python, env)
-                await hand_arguments(proc, args)
+            await self._spawn(rank, self.attempt)
+
+    def _open_logs(self, ranks: Sequence[int]) -> None:
+        if self.log_dir is not None:
+            for r in ranks:
+                if r not in self._logs:
+                    self._logs[r] = open(self.log_dir / f"rank-{r}.log", "a", buffering=1, errors="replace")
+
+    async def _spawn(self, rank: int, attempt: AttemptSpec) -> None:
+        """Start one zoo worker of ``attempt`` (a joining rank: its generation and size)."""
+        self._open_logs([rank])
+        args = ["--spec-json", to_json(self.spec, attempt), "--rank", str(rank)]
+        env = worker_env(self.base_env, attempt.devices[rank])
+        if self.pool is not None:
+            self.procs[rank] = await self.pool.spawn(args, env)
+        else:
+            self.procs[rank] = proc = await start_standby(self.python, env)
+            await hand_arguments(proc, args)
+
+    async def _start_joiners(self, record: dict) -> None:
+        """A ``regroup`` record that grows the job: start its joining ranks (supervised from then on by `wait`)."""
+        size, old = record["to_size"], record["from_size"]
+        if size <= old or not self._all_local or self._stopping:
+            return
+        joining = dataclasses.replace(self.attempt, world_size=size, generation=record["generation"])
+        for rank in range(old, size):
+            await self._spawn(rank, joining)
+        if self._joined is not None:
+            self._joined.set()
 
     async def _start_script(self) -> None:
         self.master = master = await self._rendezvous()
@@ -261,6 +297,8 @@ class WorkerGroup:
             self.records.append(record)
             if record.get("event") == "started":
                 self._started.add(rank)
+            if record.get("event") == "regroup":
+                await self._start_joiners(record)
             if self.on_record is not None:
                 out = self.on_record(record)
                 if inspect.isawaitable(out):
@@ -270,8 +308,7 @@ class WorkerGroup:
         async for raw in stream:
             self._output(rank, raw.decode(errors="replace").rstrip(), stderr=True)
 
-    async def _supervise(self, rank: int) -> tuple[int, int]:
-        proc = self.procs[rank]
+    async def _supervise(self, rank: int, proc: asyncio.subprocess.Process) -> tuple[int, int]:
         await asyncio.gather(self._read_records(rank, proc.stdout), self._read_stderr(rank, proc.stderr))
         return rank, await proc.wait()
 
@@ -279,13 +316,27 @@ class WorkerGroup:
         """Stream records until every local worker has exited; stop all if one dies."""
         if not self.procs:
             await self.start()
-        pending = {asyncio.ensure_future(self._supervise(r)) for r in self.ranks}
+        self._joined = asyncio.Event()  # set when ranks join (an in-place grow): they are supervised too
+        supervised: set[int] = set()  # (pids)
+        pending: set[asyncio.Future] = set()
         codes: dict[int, int] = {}
         failure = ""
         try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
+            while True:
+                for rank, proc in list(self.procs.items()):
+                    if proc.pid not in supervised:
+                        supervised.add(proc.pid)
+                        pending.add(asyncio.ensure_future(self._supervise(rank, proc)))
+                        if self._stopping:  # a joiner started as the others were being stopped
+                            _signal(proc, signal.SIGTERM)
+                if not pending:
+                    break
+                self._joined.clear()
+                joined = asyncio.ensure_future(self._joined.wait())
+                done, pending = await asyncio.wait(pending | {joined}, return_when=asyncio.FIRST_COMPLETED)
+                joined.cancel()
+                pending.discard(joined)
+                for task in done - {joined}:
                     rank, code = task.result()
                     codes[rank] = code
                     if code != 0 and not failure and not self._stopping:
@@ -375,5 +426,57 @@ def run_attempt(spec: TrainSpec, attempt: AttemptSpec, ranks: Sequence[int] | No
         group = WorkerGroup(spec, attempt, ranks, on_record, **kwargs)
         await group.start()
         return await group.wait()
+
+    return asyncio.run(go())
+
+
+def size_at(epochs_done: int, world_size: int, resizes: Sequence[tuple[int, int]]) -> int:
+    """The job's size once ``epochs_done`` epochs are done: it starts at world_size and takes each (epoch,
+    size) of resizes at that epoch."""
+    for epoch, size in resizes:
+        if epoch <= epochs_done:
+            world_size = size
+    return world_size
+
+
+def run_local(spec: TrainSpec, checkpoint_dir: str, world_size: int, resizes: Sequence[tuple[int, int]] = (),
+              devices: Sequence[str] = (), in_place: bool = True, max_restarts: int = 2,
+              on_record: Callable[[dict], object] | None = None, **kwargs) -> LaunchResult:
+    """Run a job on this machine with planned resizes ((epoch, size): once epoch epochs are done, go on with
+    size ranks), from the warm pool.
+
+    In place (see train.py), or, with in_place False, today's path: the job
+    stops at the resize and a new attempt at the new size resumes from the
+    checkpoint. When an attempt fails (an in-place regroup whose rank died), up
+    to max_restarts new attempts resume from the last checkpoint at the size
+    the plan gives for it. The result holds the records of every attempt and
+    the outcome of the last."""
+    resizes = tuple((int(e), int(w)) for e, w in resizes)
+    devices = tuple(devices) or ("cpu",) * max([world_size, *(w for _, w in resizes)])
+
+    async def go() -> LaunchResult:
+        pool = WarmPool(kwargs.get("python", sys.executable))
+        records: list[dict] = []
+        restarts = 0
+        try:
+            while True:
+                found = list_checkpoints(checkpoint_dir)
+                done = found[-1][0] if found else 0
+                size = size_at(done, world_size, resizes)
+                plan = tuple((e, w) for e, w in resizes if e > done)
+                ranks = max([size, *(w for _, w in plan)])
+                attempt = new_attempt(size, checkpoint_dir, devices[:ranks], resizes=plan, in_place=in_place)
+                group = WorkerGroup(spec, attempt, on_record=on_record, pool=pool, **kwargs)
+                await group.start()
+                result = await group.wait()
+                records += result.records
+                if result.outcome == "stopped" and plan and not in_place:
+                    continue  # a planned resize, by restart
+                if result.outcome == "failed" and restarts < max_restarts:
+                    restarts += 1
+                    continue
+                return dataclasses.replace(result, records=records)
+        finally:
+            await pool.close()
 
     return asyncio.run(go())

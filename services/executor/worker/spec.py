@@ -196,6 +196,17 @@ class AttemptSpec:
     set) holds the Unix time until which the node's lease surely holds, as its
     executor last renewed it; past it the ranks of this node stop without
     another checkpoint (`lease_lapsed`): the planner may run the job elsewhere.
+
+    ``resizes`` plans resizes: ``(epoch, size)`` pairs, epochs increasing: once
+    ``epoch`` epochs are done the job goes on with ``size`` ranks. With
+    ``in_place`` the workers regroup in place (see train.py: ranks that stay keep
+    their process, joiners get the state by broadcast, a shrink ends the
+    leaving ranks); otherwise they stop there as on a stop request, and the
+    launcher restarts the job at the new size from the checkpoint (today's path).
+    ``devices`` then names one device per rank of the largest size. A rank
+    started with ``generation`` n > 0 joins a running job at its n-th regroup
+    (store prefix ``<attempt_id>/gen<n>``, `generation_prefix`) on
+    ``world_size`` ranks, and takes the state from rank 0 instead of a checkpoint.
     """
 
     attempt_id: str
@@ -207,6 +218,9 @@ class AttemptSpec:
     profile: ProfileSpec | None = None
     timeout_s: float = 300.0  # rendezvous and collective timeout
     lease_file: str = ""
+    resizes: tuple[tuple[int, int], ...] = ()
+    in_place: bool = True
+    generation: int = 0
 
     def __post_init__(self) -> None:
         _require(isinstance(self.attempt_id, str) and bool(_JOB_ID.match(self.attempt_id)), "attempt_id",
@@ -217,15 +231,45 @@ class AttemptSpec:
                  f"must be 'host:port' (port 0: rank 0 picks it), got {self.rendezvous!r}")
         _require(isinstance(self.checkpoint_dir, str) and bool(self.checkpoint_dir), "checkpoint_dir",
                  f"must be a folder path, got {self.checkpoint_dir!r}")
-        devices = tuple(self.devices) or ("cpu",) * self.world_size
+        self._check_resizes()
+        ranks = self.max_world_size
+        devices = tuple(self.devices) or ("cpu",) * ranks
         object.__setattr__(self, "devices", devices)
-        _require(len(devices) == self.world_size, "devices",
-                 f"needs one device per rank ({self.world_size}), got {len(devices)}: {list(devices)}")
+        _require(len(devices) == ranks, "devices",
+                 f"needs one device per rank ({ranks}), got {len(devices)}: {list(devices)}")
         for d in devices:
             _require(d == "cpu" or d.isdigit(), "devices", f"each device must be 'cpu' or a GPU index, got {d!r}")
         if isinstance(self.profile, dict):
             object.__setattr__(self, "profile", ProfileSpec(**self.profile))
         _float_field(self, "timeout_s", 0.0, strict=True)
+
+    def _check_resizes(self) -> None:
+        resizes = self.resizes
+        ok = isinstance(resizes, (list, tuple)) and all(
+            isinstance(r, (list, tuple)) and len(r) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in r) for r in resizes)
+        _require(ok, "resizes", f"must be (epoch, size) pairs of integers, got {resizes!r}")
+        resizes = tuple((int(e), int(w)) for e, w in resizes)
+        epochs = [e for e, _ in resizes]
+        _require(all(e >= 1 for e in epochs) and epochs == sorted(set(epochs)), "resizes",
+                 f"epochs must be >= 1 and increasing, got {epochs}")
+        _require(all(w >= 1 for _, w in resizes), "resizes", f"sizes must be >= 1, got {[w for _, w in resizes]}")
+        object.__setattr__(self, "resizes", resizes)
+        _require(isinstance(self.in_place, bool), "in_place", f"must be true or false, got {self.in_place!r}")
+        _int_field(self, "generation", 0)
+
+    @property
+    def max_world_size(self) -> int:
+        """The most ranks the job has during this attempt (world_size, or a planned resize's size)."""
+        return max([self.world_size, *(w for _, w in self.resizes)])
+
+    def size_after(self, epochs_done: int, current: int) -> int:
+        """The size `resizes` plans once ``epochs_done`` epochs are done (``current`` when none is planned then)."""
+        return dict(self.resizes).get(epochs_done, current)
+
+    def generation_prefix(self, generation: int) -> str:
+        """The store prefix of the process group of a generation (0: the attempt's first group)."""
+        return self.attempt_id if generation == 0 else f"{self.attempt_id}/gen{generation}"
 
     @property
     def host(self) -> str:
@@ -268,12 +312,14 @@ class AttemptSpec:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["devices"] = list(self.devices)
+        d["resizes"] = [list(r) for r in self.resizes]
         return d
 
     @classmethod
     def from_dict(cls, data: dict) -> "AttemptSpec":
         data = _known(cls, data)
         data["devices"] = tuple(data.get("devices", ()))
+        data["resizes"] = tuple(tuple(r) for r in data.get("resizes", ()))
         return cls(**data)
 
 

@@ -19,6 +19,22 @@ of the held-out split sharded over the ranks and all-reduced, a checkpoint
 written by rank 0, an ``epoch_done`` record. After each epoch boundary the
 ranks all-reduce "stop requested" (the stop file exists or SIGUSR1 arrived);
 if any rank saw it, all stop there (checkpoint already written) and exit 0.
+
+Resizes in place (``attempt.resizes`` with ``in_place``; a planned resize
+without it stops the job there, for the launcher to restart it at the new
+size from the checkpoint). At the boundary where the plan changes the size,
+rank 0 writes the epoch's checkpoint from a copy of the state in a background
+thread (`omru.elastic.Context.save`), and at the start of the next epoch
+every rank destroys its process group; ranks at or above the new size leave
+(exit 0), the others, with the joiners the launcher starts (``generation``
+n > 0), form the group of generation n under the store prefix
+``<attempt_id>/gen<n>`` (the same TCPStore, rank 0's), rank 0 broadcasts model,
+optimizer, lr schedule, epoch and history when the group grew
+(`broadcast_state`), the lr follows the new global batch (`omru.lsr.resumed`:
+a one-epoch ramp to the new target) and the sampler is rebuilt for the new
+size. Nothing is read from disk. A rank that dies (or a timeout) during the
+regroup fails the attempt; the launcher then restarts from the checkpoint
+(`launch.run_local`).
 Epochs, checkpoints, stop requests, reports and profiling trials go through
 `omru.elastic`, the library a user's own training script uses.
 
@@ -49,12 +65,29 @@ seconds). Only rank 0 writes ``epoch_done``, ``stopped``, ``finished`` and
                (iterations per epoch), world_size, global_batch,
                samples_per_second, device
 ``failed``     message (exception type and text)
+``regroup``    (rank 0, an in-place resize begins) epoch (epochs done),
+               from_size, to_size, generation
+``joining``    (a joiner, before its rendezvous) pid, generation
+``left``       (a rank that a shrink ends) epoch, generation
+``resized``    (rank 0, after the first optimizer step at a new size) epoch
+               (epochs done at the resize), from_size, to_size, how
+               ("in_place"/"restart"), pause_s (wall seconds from the last
+               optimizer step at the old size to the first at the new one: the
+               gap between two consecutive steps, so one iteration's work is in
+               it; restart: Unix times of two processes), regroup_s (in place:
+               teardown to ready), lr (at that step)
+``samples``    (every rank, only with OMRU_SAMPLE_IDS=1 in its environment)
+               epoch, ids (the indices into the train split it trained on)
+
+``epoch_done`` also has first_step_at and last_step_at (Unix times of rank
+0's first and last optimizer step of the epoch).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -62,6 +95,10 @@ import traceback
 
 from omru import elastic
 from omru.elastic import Records, all_reduce
+
+#: Environment variable: with "1" every rank reports the sample ids it trained on each epoch.
+SAMPLE_IDS_ENV = "OMRU_SAMPLE_IDS"
+
 
 def _open_records(target: str):
     if target == "-":
@@ -92,23 +129,119 @@ def select_device(device: str):
 def init_distributed(attempt, rank: int):
     """Join the attempt's process group; returns this rank's torch.device."""
     device = select_device(attempt.devices[rank])
+    rendezvous(attempt, rank, device)
+    return device
+
+
+def rendezvous(attempt, rank: int, device):
+    """Join the process group of ``attempt.generation`` through the attempt's TCPStore (rank 0 hosts it);
+    returns the store (a regroup joins the next generation through it)."""
     host, port = attempt.host, attempt.port
     if port == 0 and rank != 0:  # rank 0 bound a port of its choice and wrote where (see AttemptSpec)
         host, port = attempt.published()
     store = elastic.tcp_store(host, port, attempt.world_size, attempt.timeout_s, is_master=rank == 0)
     if attempt.port == 0 and rank == 0:
         attempt.publish(f"{host}:{store.port}")
-    elastic.join(store, attempt.attempt_id, rank, attempt.world_size, device, attempt.timeout_s)
+    elastic.join(store, attempt.generation_prefix(attempt.generation), rank, attempt.world_size, device,
+                 attempt.timeout_s)
     if attempt.port == 0 and rank == 0:  # every rank has joined, so none reads it any more
         with contextlib.suppress(OSError):
             os.unlink(attempt.rendezvous_file)
-    return device
+    return store
 
 
-def wrap_ddp(model, device):
+def wrap_ddp(model, device, init_sync: bool = True):
+    """DDP over the current process group; init_sync False when every rank holds the same weights already."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, init_sync=init_sync)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorAt:
+    """Where `broadcast_state` took a tensor out of the state it sends."""
+
+    index: int
+
+
+def broadcast_state(state, device, src: int = 0):
+    """Rank src's ``state`` (dicts, lists, tuples of tensors and plain values) on every rank of the group.
+
+    The structure goes by ``broadcast_object_list``, the tensors flattened into
+    one buffer per dtype on ``device`` (so NCCL works too); other ranks pass
+    None and get copies on ``device``, rank src gets its own state back."""
+    import torch
+    import torch.distributed as dist
+
+    tensors = []
+
+    def strip(obj):
+        if isinstance(obj, torch.Tensor):
+            tensors.append(obj)
+            return _TensorAt(len(tensors) - 1)
+        if isinstance(obj, dict):
+            return {k: strip(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(strip(v) for v in obj)
+        return obj
+
+    sender = dist.get_rank() == src
+    box = [(strip(state), [(t.shape, t.dtype) for t in tensors]) if sender else None]
+    dist.broadcast_object_list(box, src=src, device=device if device.type == "cuda" else None)
+    structure, shapes = box[0]
+    received = [None] * len(shapes)
+    for dtype in dict.fromkeys(d for _, d in shapes):
+        indices = [i for i, (_, d) in enumerate(shapes) if d == dtype]
+        sizes = [shapes[i][0].numel() for i in indices]
+        if sender:
+            flat = torch.cat([tensors[i].detach().reshape(-1).to(device) for i in indices])
+        else:
+            flat = torch.empty(sum(sizes), dtype=dtype, device=device)
+        dist.broadcast(flat, src=src)
+        for i, part in zip(indices, flat.split(sizes)):
+            received[i] = part.view(shapes[i][0])
+    if sender:
+        return state
+
+    def fill(obj):
+        if isinstance(obj, _TensorAt):
+            return received[obj.index]
+        if isinstance(obj, dict):
+            return {k: fill(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(fill(v) for v in obj)
+        return obj
+
+    return fill(structure)
+
+
+def snapshot(state):
+    """A copy of ``state`` on the CPU that training no longer changes (for a checkpoint written in the background)."""
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: snapshot(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(snapshot(v) for v in state)
+    return state
+
+
+class _IdBatches:
+    """A batch sampler that notes the sample ids it hands out (OMRU_SAMPLE_IDS=1)."""
+
+    def __init__(self, batches):
+        self.batches, self.ids = batches, []
+
+    def __iter__(self):
+        self.ids = []
+        for batch in self.batches:
+            self.ids.extend(batch)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
 def train_step(ddp, optimizer, x, y, lr: float):
@@ -138,24 +271,32 @@ class _Job:
         from services.executor.worker import data, zoo
 
         self.spec, self.attempt, self.rank = spec, attempt, rank
-        self.world = attempt.world_size
-        self.device = init_distributed(attempt, rank)
+        self.world = self.next_world = attempt.world_size
+        self.generation = attempt.generation
+        self.last_step_at = 0.0  # Unix time of this rank's last optimizer step
+        self.resized: dict | None = None  # a resize whose pause rank 0 reports after the first step at the new size
+        self.device = select_device(attempt.devices[rank])
+        torch.manual_seed(spec.seed)
+        self.splits = data.load(spec)  # (data and model before the rendezvous: a joiner keeps the others waiting less)
+        model = zoo.build_model(spec.model, self.splits.num_classes, spec.image_size, spec.frames).to(self.device)
+        self.model = model
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=spec.base_lr, momentum=spec.momentum,
+                                         weight_decay=spec.weight_decay)
+        if self.generation:
+            records.emit("joining", pid=os.getpid(), generation=self.generation)
+        self.store = rendezvous(attempt, rank, self.device)
         self.ctx = elastic.Context(
             rank=rank, world_size=self.world, device=self.device, backend="gloo" if self.device.type == "cpu" else "nccl",
             checkpoint_dir=attempt.checkpoint_dir, epochs_total=spec.epochs, records=records,
             batch_size=spec.batch_size, job_id=spec.job_id, stop_file=attempt.stop_file, lease_file=attempt.lease_file, profile=attempt.profile,
             exit_after_profile=False, model_name=spec.model, fingerprint=spec.fingerprint())
-        torch.manual_seed(spec.seed)
-        self.splits = data.load(spec)
-        model = zoo.build_model(spec.model, self.splits.num_classes, spec.image_size, spec.frames).to(self.device)
-        self.model = model
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=spec.base_lr, momentum=spec.momentum,
-                                         weight_decay=spec.weight_decay)
         self.schedule = lsr.new_job(spec.base_lr, spec.base_batch, spec.batch_size, self.world, spec.warmup_epochs,
                                     spec.lr_decay, spec.epochs)
-        if attempt.profile is None:
+        if self.generation:
+            self._share_state()
+        elif attempt.profile is None:
             self._resume(lsr)
-        self.ddp = wrap_ddp(model, self.device)
+        self.ddp = wrap_ddp(model, self.device, init_sync=not self.generation)
         self.loader = self._train_loader()
 
     def _resume(self, lsr) -> None:
@@ -172,14 +313,74 @@ class _Job:
             torch.cuda.set_rng_state(state["rng"]["cuda"][0], self.device)
         self.schedule = lsr.resumed(lsr.LrSchedule.from_dict(state["lr_schedule"]), self.ctx.start_epoch,
                                     spec.base_lr, spec.base_batch, spec.batch_size, self.world)
+        last = self.ctx.history[-1] if self.ctx.history else {}
+        if last.get("world_size", self.world) != self.world and last.get("last_step_at"):
+            self.resized = {"how": "restart", "from_size": last["world_size"], "since": last["last_step_at"]}
+
+    def _share_state(self) -> None:
+        """Rank 0's training state on every rank of a new group (a joiner takes it in; nothing from disk)."""
+        from omru import lsr
+
+        state = None
+        if self.rank == 0:
+            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     "lr_schedule": self.schedule.to_dict(), "epoch": self.ctx.epoch, "history": self.ctx.history}
+        state = broadcast_state(state, self.device)
+        if self.generation != self.attempt.generation or self.rank == 0:
+            return  # (a rank that was there already has it)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule = lsr.LrSchedule.from_dict(state["lr_schedule"])
+        self.ctx.start_epoch = self.ctx.epoch = int(state["epoch"])
+        self.ctx.history = list(state["history"])
+
+    def _regroup(self, epoch: int, size: int) -> bool:
+        """At the start of ``epoch``: go on with ``size`` ranks (see the module docstring); False when this rank
+        leaves the job."""
+        import torch.distributed as dist
+
+        from omru import lsr
+
+        t0, old = time.time(), self.world
+        self.generation += 1
+        if self.rank == 0:
+            if self.attempt.port == 0 and size > old:  # joiners read the store's port where rank 0 publishes it
+                self.attempt.publish(f"{self.attempt.host}:{self.store.port}")
+            self.ctx.records.emit("regroup", epoch=epoch, from_size=old, to_size=size, generation=self.generation)
+        self.ddp = None
+        dist.destroy_process_group()
+        if self.rank >= size:
+            self.ctx.records.emit("left", epoch=epoch, generation=self.generation)
+            return False
+        elastic.join(self.store, self.attempt.generation_prefix(self.generation), self.rank, size, self.device,
+                     self.attempt.timeout_s)
+        if self.rank == 0 and self.attempt.port == 0 and size > old:
+            with contextlib.suppress(OSError):
+                os.unlink(self.attempt.rendezvous_file)
+        spec = self.spec
+        self.world = self.ctx.world_size = size
+        self.schedule = lsr.resumed(self.schedule, epoch, spec.base_lr, spec.base_batch, spec.batch_size, size)
+        if size > old:
+            self._share_state()
+        self.ddp = wrap_ddp(self.model, self.device, init_sync=False)
+        self.loader = self._train_loader()
+        self.resized = {"how": "in_place", "from_size": old, "since": self.last_step_at,
+                        "regroup_s": time.time() - t0}
+        return True
 
     def _train_loader(self):
-        from torch.utils.data import DataLoader, DistributedSampler
+        from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
+        # drop_last: the sampler leaves out the few samples that do not divide by the world size, rather
+        # than train some twice in the epoch
         self.sampler = DistributedSampler(self.splits.train, num_replicas=self.world, rank=self.rank,
-                                          shuffle=True, seed=self.spec.seed)
+                                          shuffle=True, seed=self.spec.seed, drop_last=True)
         # Drop a ragged last batch (BatchNorm cannot train on one sample) when there is a full one.
         drop_last = len(self.sampler) >= self.spec.batch_size
+        if os.environ.get(SAMPLE_IDS_ENV) == "1":
+            self.id_batches = _IdBatches(BatchSampler(self.sampler, self.spec.batch_size, drop_last))
+            return DataLoader(self.splits.train, batch_sampler=self.id_batches, num_workers=0)
+        self.id_batches = None
         return DataLoader(self.splits.train, batch_size=self.spec.batch_size, sampler=self.sampler,
                           drop_last=drop_last, num_workers=0)
 
@@ -215,17 +416,26 @@ class _Job:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "lr_schedule": self.schedule.to_dict(), "rng": rng}
 
-    def train(self) -> None:
-        ctx = self.ctx
-        steps = len(self.loader)
+    def train(self) -> bool:
+        """Train the epochs left; False when this rank left the job (an in-place shrink)."""
+        ctx, spec = self.ctx, self.spec
         for epoch in ctx.epochs():
+            if self.next_world != self.world and not self._regroup(epoch, self.next_world):
+                return False
+            steps = len(self.loader)
             self.sampler.set_epoch(epoch)
             self.ddp.train()
             loss_sum = correct = seen = 0.0
             lr = self.schedule.lr(epoch)
+            first_step_at = None
             for i, (x, y) in enumerate(ctx.batches(self.loader)):
                 lr = self.schedule.lr(epoch + i / steps)
                 l, c = train_step(self.ddp, self.optimizer, *self._to_device(x, y), lr)
+                self.last_step_at = time.time()
+                if first_step_at is None:
+                    first_step_at = self.last_step_at
+                    self._report_resize(epoch, lr)
+                ctx.wait_saved(block=False)  # (an error of a background checkpoint write surfaces here)
                 loss_sum, correct, seen = loss_sum + l, correct + c, seen + len(y)
             t1 = time.perf_counter()
             test_loss, accuracy = self.evaluate()
@@ -233,8 +443,25 @@ class _Job:
             loss_sum, correct, seen = all_reduce([loss_sum, correct, seen], self.device)
             (train_s,) = all_reduce([ctx.train_seconds], self.device, "max")
             ctx.report(epoch, epoch_seconds=train_s, eval_seconds=eval_s, loss=loss_sum / max(seen, 1),
-                       train_accuracy=correct / max(seen, 1), test_loss=test_loss, accuracy=accuracy, lr=lr)
-            ctx.save(self._state())
+                       train_accuracy=correct / max(seen, 1), test_loss=test_loss, accuracy=accuracy, lr=lr,
+                       first_step_at=first_step_at, last_step_at=self.last_step_at)
+            if self.id_batches is not None:
+                ctx.records.emit("samples", epoch=epoch + 1, ids=list(self.id_batches.ids))
+            self.next_world = self.attempt.size_after(epoch + 1, self.world) if epoch + 1 < spec.epochs else self.world
+            in_place = self.next_world != self.world and self.attempt.in_place
+            if self.next_world != self.world and not in_place:
+                ctx.request_stop()  # the launcher restarts the job at the new size from this epoch's checkpoint
+            # before a regroup, the checkpoint is written from a copy in the background
+            ctx.save(snapshot(self._state()) if in_place and self.rank == 0 else self._state(), background=in_place)
+        return True
+
+    def _report_resize(self, epoch: int, lr: float) -> None:
+        resized, self.resized = self.resized, None
+        if resized is None or self.rank != 0:
+            return
+        self.ctx.records.emit("resized", epoch=epoch, from_size=resized["from_size"], to_size=self.world,
+                              how=resized["how"], pause_s=self.last_step_at - resized["since"],
+                              regroup_s=resized.get("regroup_s"), lr=lr)
 
     def profile(self) -> None:
         lr = self.schedule.lr(0)
@@ -250,16 +477,20 @@ def run(spec, attempt, rank: int, records: Records) -> None:
     ctx = job.ctx
     records.emit("started", pid=os.getpid(), world_size=job.world, backend=dist.get_backend(),
                  device=str(job.device), start_epoch=ctx.start_epoch, epochs=spec.epochs,
-                 global_batch=ctx.global_batch, lr=job.schedule.lr(ctx.start_epoch), resumed_from=ctx.resumed_from)
+                 global_batch=ctx.global_batch, lr=job.schedule.lr(ctx.start_epoch), resumed_from=ctx.resumed_from,
+                 generation=job.generation)
     try:
         if attempt.profile is not None:
             job.profile()
-        else:
-            job.train()
+        elif not job.train():
+            return  # left at a shrink (its process group is gone already)
         dist.barrier()
     except BaseException:
-        dist.destroy_process_group()  # a peer may be gone: no exit handshake
+        if dist.is_initialized():
+            dist.destroy_process_group()  # a peer may be gone: no exit handshake
         raise
+    finally:
+        ctx.wait_saved()
     elastic.leave(rank, job.world)
 
 
@@ -269,6 +500,11 @@ def _standby() -> list[str] | None:
     when stdin closes first (the pool let this worker go)."""
     import torch.distributed  # noqa: F401  (the seconds a cold worker spends before it can train)
     import torchvision  # noqa: F401
+
+    from services.executor.worker import data  # noqa: F401
+
+    with contextlib.suppress(ImportError):  # digits' loader (seconds: a joining rank keeps the others waiting)
+        import sklearn.datasets  # noqa: F401
 
     import json
 
