@@ -78,8 +78,7 @@ class Actuation:
         # sooner, their ranks would wait for the others for up to an epoch (past the rendezvous timeout),
         # or, when no old node stays, train an epoch the old attempt is still training. So does a start of a
         # job requeued while its attempt still runs to its boundary (its record no longer names those GPUs).
-        releasing = tuple(g for g in dict.fromkeys(r.gpus + tuple(g for g, j in self.owner.items() if j == r.job_id))
-                          if self.owner.get(g) == r.job_id)  # by the old attempt, not yet
+        releasing = tuple(g for g, j in self.owner.items() if j == r.job_id)  # by the old attempt, not yet
         old_nodes = list(dict.fromkeys(g[0] for g in r.gpus + releasing))
         new_nodes = list(dict.fromkeys(g[0] for g in a.gpus))
         joining = tuple(n for n in new_nodes if n not in old_nodes) if releasing else ()
